@@ -1,0 +1,1 @@
+"""hybridflow: a single-controller hybrid-engine library for RL post-training."""
