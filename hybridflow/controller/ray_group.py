@@ -1,0 +1,194 @@
+"""The Ray backend: host processes in a `ResourcePool`, and `RayWorkerGroup` views over them.
+
+`RayHostSet` starts one `WorkerHost` actor per slot of a pool and joins them into one
+``torch.distributed`` process group. Each role placed on that host set is a `RayWorkerGroup`; roles
+on the same host set are *colocated*: they are objects in the same processes (same PIDs) and share
+the process group and the devices. `create_worker_groups` maps roles to pools: roles given the same
+pool are colocated, roles given different pools run in different processes.
+
+Failures: the controller waits on all ranks at once and returns on the first error. A method that
+raises becomes a `WorkerError` naming the rank; a process that dies becomes a `WorkerDiedError`
+within seconds, and the host set is shut down, since its collectives can no longer complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.controller.dispatch import RankCall
+from hybridflow.controller.errors import WorkerDiedError, WorkerError, WorkerGroupDeadError
+from hybridflow.controller.group import WorkerGroup
+from hybridflow.controller.host import WorkerHost
+from hybridflow.controller.resource_pool import ResourcePool
+from hybridflow.controller.worker import MeshInfo, Worker
+from hybridflow.protocol import Batch
+
+__all__ = ["RayHostSet", "RayWorkerGroup", "RoleSpec", "create_colocated_worker_groups", "create_worker_groups"]
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A role to instantiate on every rank: its class and constructor arguments."""
+
+    cls: type[Worker]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class RayHostSet:
+    """One `WorkerHost` actor per slot of ``pool``, joined in one process group.
+
+    Args:
+        pool: where the processes go.
+        name: a label for the processes (Ray actor names are ``{name}-rank{r}``).
+        init_timeout_s: how long start-up (process start and process-group rendezvous) may take.
+        collective_timeout_s: the process group's timeout for a collective to complete.
+    """
+
+    def __init__(
+        self, pool: ResourcePool, name: str, init_timeout_s: float = 120.0, collective_timeout_s: float = 1800.0
+    ) -> None:
+        self.pool = pool
+        self.name = name
+        self.dead_reason: str | None = None
+        host_cls = ray.remote(WorkerHost)
+        slots = pool.slots()
+        self.hosts = [
+            host_cls.options(
+                name=f"{name}-rank{rank}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
+                max_concurrency=1,
+                **pool.process_resources,
+            ).remote(rank, len(slots), slot.local_rank, pool.use_gpu)
+            for rank, slot in enumerate(slots)
+        ]
+        try:
+            addr, port = ray.get(self.hosts[0].rendezvous_address.remote(), timeout=init_timeout_s)
+            self.pids: list[int] = ray.get(
+                [h.init_distributed.remote(addr, port, collective_timeout_s) for h in self.hosts],
+                timeout=init_timeout_s,
+            )
+        except (GetTimeoutError, RayActorError, RayTaskError):
+            self.shutdown("start-up failed")
+            raise
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    def create_role(self, role: str, spec: RoleSpec) -> RayWorkerGroup:
+        """Instantiate ``spec`` on every host as ``role`` and return the role's group."""
+        refs = [h.create_role.remote(role, spec.cls, spec.args, dict(spec.kwargs)) for h in self.hosts]
+        self.wait(role, "__init__", dict(enumerate(refs)))
+        return RayWorkerGroup(self, role, spec.cls)
+
+    def wait(self, role: str, method: str, refs: dict[int, Any]) -> dict[int, Any]:
+        """Values of ``refs`` by rank. Returns at the first error instead of waiting for every rank."""
+        if self.dead_reason is not None:
+            raise WorkerGroupDeadError(f"host set {self.name!r} is shut down: {self.dead_reason}")
+        rank_of = {ref: rank for rank, ref in refs.items()}
+        pending = list(refs.values())
+        results: dict[int, Any] = {}
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ref = ready[0]
+            rank = rank_of[ref]
+            try:
+                results[rank] = ray.get(ref)
+            except RayActorError as error:
+                self.shutdown(f"rank {rank} died during {role}.{method}")
+                raise WorkerDiedError(rank, role, method, str(error).splitlines()[0]) from None
+            except RayTaskError as error:
+                cause = error.cause if isinstance(error.cause, BaseException) else None
+                raise WorkerError(rank, role, method, cause, str(error)) from None
+        return results
+
+    def shutdown(self, reason: str = "shut down on request") -> None:
+        """Stop every host process. Later calls raise `WorkerGroupDeadError` naming ``reason``."""
+        if self.dead_reason is None:
+            self.dead_reason = reason
+        for host in self.hosts:
+            ray.kill(host, no_restart=True)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """One role on every host of a `RayHostSet`. Build with `create_worker_groups`."""
+
+    def __init__(self, hosts: RayHostSet, role: str, worker_cls: type[Worker]) -> None:
+        self.hosts = hosts
+        super().__init__(role, worker_cls)
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts.world_size
+
+    @property
+    def pids(self) -> list[int]:
+        """The process id behind each rank."""
+        return list(self.hosts.pids)
+
+    def shares_ranks_with(self, other: WorkerGroup) -> bool:
+        return isinstance(other, RayWorkerGroup) and other.hosts is self.hosts
+
+    def _submit(self, method: str, calls: list[RankCall]) -> dict[int, Any]:
+        if self.hosts.dead_reason is not None:
+            raise WorkerGroupDeadError(f"{self.role}.{method}: worker group is shut down: {self.hosts.dead_reason}")
+        # Serialise each distinct Batch once: the tp ranks of one dp group share the shard's object.
+        stored: dict[int, Any] = {}
+
+        def store(value: Any) -> Any:
+            if not isinstance(value, Batch):
+                return value
+            if id(value) not in stored:
+                stored[id(value)] = ray.put(value)
+            return stored[id(value)]
+
+        return {
+            call.rank: self.hosts.hosts[call.rank].execute.remote(
+                self.role,
+                method,
+                *(store(a) for a in call.args),
+                **{k: store(v) for k, v in call.kwargs.items()},
+            )
+            for call in calls
+        }
+
+    def _fetch(self, method: str, refs: dict[int, Any]) -> dict[int, Any]:
+        return self.hosts.wait(self.role, method, refs)
+
+    def _query_mesh(self, name: str) -> list[MeshInfo]:
+        refs = {rank: host.mesh_info.remote(self.role, name) for rank, host in enumerate(self.hosts.hosts)}
+        infos = self.hosts.wait(self.role, f"mesh_info({name!r})", refs)
+        return [infos[rank] for rank in range(self.world_size)]
+
+
+def create_colocated_worker_groups(
+    pool: ResourcePool, roles: Mapping[str, RoleSpec], name: str | None = None, **host_options: Any
+) -> dict[str, RayWorkerGroup]:
+    """Start one process per slot of ``pool`` holding every role in ``roles``; a group per role."""
+    hosts = RayHostSet(pool, name or f"{pool.name}-{'-'.join(roles)}", **host_options)
+    return {role: hosts.create_role(role, spec) for role, spec in roles.items()}
+
+
+def create_worker_groups(
+    roles: Mapping[str, RoleSpec], placement: Mapping[str, ResourcePool], **host_options: Any
+) -> dict[str, RayWorkerGroup]:
+    """Place each role on its pool: roles that share a pool share processes (colocation); roles on
+    different pools get processes of their own (split mode)."""
+    missing = sorted(set(roles) - set(placement))
+    if missing:
+        raise KeyError(f"roles {missing} have no resource pool; placement names {sorted(placement)}")
+    by_pool: dict[int, tuple[ResourcePool, dict[str, RoleSpec]]] = {}
+    for role, spec in roles.items():
+        pool = placement[role]
+        by_pool.setdefault(id(pool), (pool, {}))[1][role] = spec
+    groups: dict[str, RayWorkerGroup] = {}
+    for pool, pool_roles in by_pool.values():
+        groups.update(create_colocated_worker_groups(pool, pool_roles, **host_options))
+    return groups

@@ -1,0 +1,142 @@
+"""Worker groups on real Ray processes joined by a real gloo process group."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hybridflow.controller import (
+    ResourcePool,
+    RoleSpec,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupDeadError,
+    create_colocated_worker_groups,
+    create_worker_groups,
+)
+from hybridflow.protocol import Batch
+from tests.controller.workers_under_test import FaultyWorker, MeshWorker, StatefulRole
+
+
+@pytest.fixture(scope="module")
+def mesh_group(ray_cluster):
+    pool = ResourcePool([4], cpus_per_slot=0.5, name="mesh")
+    group = create_colocated_worker_groups(pool, {"mesh": RoleSpec(MeshWorker)})["mesh"]
+    yield group
+    group.hosts.shutdown()
+    pool.release()
+
+
+def rows(n: int) -> Batch:
+    return Batch(
+        {"row_id": torch.arange(n), "x": torch.arange(n, dtype=torch.float32) * 10},
+        {"name": [f"row{i}" for i in range(n)]},
+    )
+
+
+def test_dp_dispatch_gives_each_dp_group_its_rows_and_returns_each_row_once_in_order(mesh_group):
+    out = mesh_group.tag_rows(rows(7))
+    # 7 rows padded to 8 for dp=2: dp group 0 gets rows 0-3, dp group 1 rows 4-6 plus a copy of row 0.
+    assert out["row_id"].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert out["name"].tolist() == [f"row{i}" for i in range(7)]
+    assert out["dp_rank"].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    # Only the collecting rank (tp rank 0) of each dp group contributes output.
+    assert out["rank"].tolist() == [0, 0, 0, 0, 2, 2, 2]
+    seen = mesh_group.rows_seen_so_far()
+    assert seen[0] == seen[1] == [0, 1, 2, 3]
+    assert seen[2] == seen[3] == [4, 5, 6, 0]
+
+
+def test_one_to_all_all_to_all_and_rank_zero(mesh_group):
+    assert mesh_group.echo("hello") == [(0, "hello"), (1, "hello"), (2, "hello"), (3, "hello")]
+    assert mesh_group.square_own([1, 2, 3, 4]) == [1, 5, 11, 19]
+    assert mesh_group.whoami() == 0
+    assert mesh_group.rank_zero_only() == [0]
+    with pytest.raises(ValueError, match="one entry per rank"):
+        mesh_group.square_own([1, 2])
+
+
+def test_chained_future_stays_on_the_workers(mesh_group):
+    fetches_before = mesh_group.fetches
+    doubled = mesh_group.double(rows(5))
+    shifted = mesh_group.add_rank_parity(doubled)
+    assert mesh_group.fetches == fetches_before, "chaining pulled data back to the controller"
+    out = shifted.get()
+    assert mesh_group.fetches == fetches_before + 1
+    assert out["row_id"].tolist() == [0, 1, 2, 3, 4]
+    assert out["x"].tolist() == [1.0, 21.0, 41.0, 61.0, 81.0]
+    assert out["by_rank"].tolist() == [0, 0, 0, 2, 2]
+
+
+def test_all_reduce_inside_the_group_sums_across_ranks(mesh_group):
+    assert mesh_group.all_reduce_rank() == [10.0, 10.0, 10.0, 10.0]
+
+
+def test_colocated_roles_share_a_process_but_not_state(ray_cluster):
+    pool = ResourcePool([2], cpus_per_slot=0.5, name="coloc")
+    groups = create_colocated_worker_groups(
+        pool, {name: RoleSpec(StatefulRole, (name,)) for name in ("actor", "ref", "critic")}
+    )
+    try:
+        for offset, group in enumerate(groups.values()):
+            group.set_value(100 * (offset + 1))
+        described = {name: group.describe() for name, group in groups.items()}
+        for rank in range(2):
+            pids = {described[name][rank][2] for name in groups}
+            assert len(pids) == 1, "colocated roles must live in one process"
+        assert [d[:2] for d in described["actor"]] == [("actor", 100), ("actor", 101)]
+        assert [d[:2] for d in described["ref"]] == [("ref", 200), ("ref", 201)]
+        assert [d[:2] for d in described["critic"]] == [("critic", 300), ("critic", 301)]
+        assert described["actor"][0][2] != described["actor"][1][2]
+    finally:
+        next(iter(groups.values())).hosts.shutdown()
+        pool.release()
+
+
+def test_split_mode_puts_roles_in_separate_processes(ray_cluster):
+    train_pool = ResourcePool([1], cpus_per_slot=0.5, name="train")
+    reward_pool = ResourcePool([1], cpus_per_slot=0.5, name="reward")
+    groups = create_worker_groups(
+        {"actor": RoleSpec(StatefulRole, ("actor",)), "reward": RoleSpec(StatefulRole, ("reward",))},
+        {"actor": train_pool, "reward": reward_pool},
+    )
+    try:
+        assert groups["actor"].pids != groups["reward"].pids
+        assert groups["actor"].describe()[0][2] != groups["reward"].describe()[0][2]
+    finally:
+        for group in groups.values():
+            group.hosts.shutdown()
+        train_pool.release()
+        reward_pool.release()
+
+
+@pytest.fixture
+def faulty_group(ray_cluster):
+    pool = ResourcePool([2], cpus_per_slot=0.5, name="faulty")
+    group = create_colocated_worker_groups(pool, {"faulty": RoleSpec(FaultyWorker)})["faulty"]
+    yield group
+    group.hosts.shutdown()
+    pool.release()
+
+
+def test_worker_exception_names_the_rank_and_the_error(faulty_group):
+    with pytest.raises(WorkerError) as caught:
+        faulty_group.fail_on(1)
+    assert caught.value.rank == 1
+    assert isinstance(caught.value.cause, ValueError)
+    assert "boom from rank 1" in str(caught.value)
+    assert "faulty.fail_on raised on rank 1" in str(caught.value)
+    # A Python error leaves the processes alive: the group keeps working.
+    assert faulty_group.fail_on(-1) == [0, 1]
+
+
+def test_dead_worker_fails_the_call_quickly_and_closes_the_group(faulty_group):
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as caught:
+        faulty_group.exit_on(1)
+    assert time.monotonic() - start < 30
+    assert caught.value.rank == 1
+    with pytest.raises(WorkerGroupDeadError, match=r"rank 1 died during faulty\.exit_on"):
+        faulty_group.fail_on(-1)

@@ -1,0 +1,101 @@
+"""Worker classes the controller tests place on real Ray processes."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from hybridflow.controller import DataParallel, Worker, register
+from hybridflow.protocol import Batch
+
+
+class MeshWorker(Worker):
+    """Four ranks arranged as a (dp=2, tp=2) device mesh named "infer"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        mesh = init_device_mesh("cpu", (self.world_size // 2, 2), mesh_dim_names=("dp", "tp"))
+        self.register_device_mesh("infer", mesh, dp_dim="dp")
+        self.rows_seen: list[int] = []
+
+    @register(dispatch=DataParallel("infer"))
+    def tag_rows(self, batch: Batch) -> Batch:
+        """Return each row with the rank and dp rank that processed it."""
+        self.rows_seen.extend(batch["row_id"].tolist())
+        n = len(batch)
+        info = self.mesh_info("infer")
+        return batch | Batch(
+            {"dp_rank": torch.full((n,), info.dp_rank), "rank": torch.full((n,), self.rank)},
+            {"owner": [f"rank{self.rank}"] * n},
+        )
+
+    @register(dispatch="one_to_all")
+    def rows_seen_so_far(self) -> list[int]:
+        return list(self.rows_seen)
+
+    @register(dispatch=DataParallel("infer"), blocking=False)
+    def double(self, batch: Batch) -> Batch:
+        return Batch({"x": batch["x"] * 2, "row_id": batch["row_id"]})
+
+    @register(dispatch=DataParallel("infer"), blocking=False)
+    def add_rank_parity(self, batch: Batch) -> Batch:
+        # Both tp ranks of a dp group compute this; only the collector's output is returned.
+        return Batch({"x": batch["x"] + 1, "row_id": batch["row_id"], "by_rank": torch.full((len(batch),), self.rank)})
+
+    @register(dispatch="one_to_all")
+    def echo(self, value: object) -> tuple[int, object]:
+        return self.rank, value
+
+    @register(dispatch="all_to_all")
+    def square_own(self, value: int) -> int:
+        return value * value + self.rank
+
+    @register(dispatch="rank_zero")
+    def whoami(self) -> int:
+        return self.rank
+
+    @register(dispatch="one_to_all", execute="rank_zero")
+    def rank_zero_only(self) -> int:
+        return self.rank
+
+    @register(dispatch="one_to_all")
+    def all_reduce_rank(self) -> float:
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+
+class StatefulRole(Worker):
+    """A role that keeps a value; several are colocated in one process."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+        self.value = 0
+
+    @register(dispatch="one_to_all")
+    def set_value(self, value: int) -> None:
+        self.value = value + self.rank
+
+    @register(dispatch="one_to_all")
+    def describe(self) -> tuple[str, int, int]:
+        return self.label, self.value, os.getpid()
+
+
+class FaultyWorker(Worker):
+    @register(dispatch="one_to_all")
+    def fail_on(self, bad_rank: int) -> int:
+        if self.rank == bad_rank:
+            raise ValueError(f"boom from rank {self.rank}")
+        return self.rank
+
+    @register(dispatch="one_to_all")
+    def exit_on(self, bad_rank: int) -> int:
+        if self.rank == bad_rank:
+            os._exit(3)
+        # The surviving rank waits in a collective that can never complete.
+        dist.barrier()
+        return self.rank
