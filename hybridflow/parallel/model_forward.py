@@ -1,0 +1,152 @@
+"""Training-layout forward of an HF causal LM that returns per-token log-probs, packed or padded.
+
+How packing reaches the attention kernel (transformers 5.x, Qwen2 and other models built on
+``masking_utils``): the packed row is passed with ``attention_mask=None`` and ``position_ids`` that
+restart at 0 for each sequence.
+
+* sdpa / eager / flex (CPU or GPU): ``create_causal_mask`` detects the restarts in ``position_ids`` and
+  builds a block-diagonal causal mask, so each token attends only to earlier tokens of its own sequence.
+* flash-attention (GPU): the varlen kernel is called with ``cu_seq_lens_q/k`` and ``max_length_q/k``,
+  passed explicitly so transformers does not have to infer them from ``position_ids`` on every layer.
+
+The lm_head is run by :func:`hybridflow.parallel.logprobs.token_log_probs` inside the model's own forward
+(the head's ``forward`` is swapped for the duration of the call): under FSDP2 the head's weight is
+gathered only during the root module's forward, and computing there never builds the full logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybridflow.parallel.logprobs import token_log_probs
+from hybridflow.parallel.packing import pack_sequences, position_ids_from_mask, unpack_tokens
+
+# Config keys of models that transform logits after the lm_head; the fused head would skip that step.
+_LOGIT_POSTPROCESSING_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+@dataclass(frozen=True)
+class TokenLogProbs:
+    """Per-token results aligned with ``input_ids [batch, seq_len]``.
+
+    ``log_probs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` in nats; 0 where ``t`` is the first
+    valid token of its row or a pad. ``entropy[b, t]`` (nats) is the entropy of that same predictive
+    distribution, or ``None`` when not requested. The response part is ``[:, -response_len:]``.
+    """
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None
+
+    def response(self, response_len: int) -> TokenLogProbs:
+        """The last ``response_len`` columns: ``[batch, response_len]``."""
+        entropy = None if self.entropy is None else self.entropy[:, -response_len:]
+        return TokenLogProbs(self.log_probs[:, -response_len:], entropy)
+
+
+def _check_plain_head(model: nn.Module) -> None:
+    config = model.config
+    for key in _LOGIT_POSTPROCESSING_KEYS:
+        if getattr(config, key, None) not in (None, 1.0):
+            raise NotImplementedError(
+                f"{type(model).__name__} post-processes logits ({key}={getattr(config, key)}), which the "
+                "token log-prob head does not reproduce"
+            )
+
+
+@contextmanager
+def _head_scores_labels(
+    model: nn.Module, labels: torch.Tensor, temperature: float, chunk_size: int | None, with_entropy: bool
+) -> Iterator[None]:
+    """While active, the model's ``logits`` output is ``[batch, seq, 1 or 2]`` (log-prob, entropy)."""
+    _check_plain_head(model)
+    head = model.get_output_embeddings()
+    head_forward = head.forward
+
+    def scores(hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        log_probs, entropy = token_log_probs(
+            flat, head_forward, labels, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        )
+        stats = log_probs.unsqueeze(-1) if entropy is None else torch.stack((log_probs, entropy), -1)
+        return stats.view(*hidden.shape[:-1], stats.shape[-1])
+
+    head.forward = scores
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _uses_flash_attention(model: nn.Module) -> bool:
+    return "flash" in str(getattr(model.config, "_attn_implementation", ""))
+
+
+def _split_stats(stats: torch.Tensor, with_entropy: bool) -> TokenLogProbs:
+    return TokenLogProbs(stats[..., 0], stats[..., 1] if with_entropy else None)
+
+
+def packed_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+) -> TokenLogProbs:
+    """Forward ``input_ids [batch, seq_len]`` with all valid tokens packed into one row.
+
+    ``attention_mask [batch, seq_len]`` marks the valid tokens (left, right or both-sided padding).
+    ``chunk_size`` bounds the tokens whose logits exist at once. Differentiable.
+    """
+    packed = pack_sequences(input_ids, attention_mask)
+    # Token j's distribution scores token j + 1; at a sequence's last token that would be the next
+    # sequence's first token, and those entries are dropped below.
+    labels = torch.roll(packed.input_ids, shifts=-1, dims=1).flatten()
+    kwargs: dict = {"position_ids": packed.position_ids}
+    if _uses_flash_attention(model):
+        kwargs.update(
+            cu_seq_lens_q=packed.cu_seqlens,
+            cu_seq_lens_k=packed.cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+        )
+    with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
+        stats = model(input_ids=packed.input_ids, attention_mask=None, use_cache=False, **kwargs).logits[0]
+    # Move each score from the predicting token to the predicted one; sequence starts predict nothing.
+    starts = packed.position_ids[0] == 0
+    stats = torch.cat((stats.new_zeros(1, stats.shape[-1]), stats[:-1]))
+    stats = torch.where(starts.unsqueeze(-1), 0.0, stats)
+    per_token = torch.stack([unpack_tokens(stats[:, k], packed) for k in range(stats.shape[-1])], dim=-1)
+    return _split_stats(per_token, with_entropy)
+
+
+def padded_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+) -> TokenLogProbs:
+    """The same result as :func:`packed_log_probs`, computed on the padded batch (pads cost compute).
+
+    For models or attention kernels without packed-sequence support, and as the reference for packing.
+    """
+    labels = torch.roll(input_ids, shifts=-1, dims=1).flatten()
+    position_ids = position_ids_from_mask(attention_mask)
+    with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
+        stats = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
+    valid = attention_mask.bool()
+    scored = valid[:, 1:] & valid[:, :-1]
+    shifted = torch.where(scored.unsqueeze(-1), stats[:, :-1], 0.0)
+    stats = torch.cat((torch.zeros_like(stats[:, :1]), shifted), dim=1)
+    return _split_stats(stats, with_entropy)
