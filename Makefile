@@ -1,0 +1,33 @@
+# Two entry points: `make demo` runs the main job, `make test` runs the checks.
+# Both create .venv on first use and reinstall when pyproject.toml changes.
+# On a GPU machine: `make test EXTRAS=gpu,test TORCH_PIN=`.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= cpu,test
+# CPU machines take the local CPU build of torch; without the pin pip pulls a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: demo test lint install
+
+install: $(STAMP)
+
+# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which are built against CUDA
+# torch and break imports next to the CPU torch: remove them after the install.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(TORCH_PIN)
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+demo: $(STAMP)
+	$(PY) recipes/hello_colocated/main.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: lint
+	$(PY) -m pytest tests
