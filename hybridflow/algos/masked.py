@@ -1,0 +1,83 @@
+"""Statistics over the valid (mask == 1) entries of a tensor.
+
+Every function here treats ``mask`` as a 0/1 tensor broadcastable to the data; entries where it is
+0 (padding, prompt tokens, tool output in multi-turn rollouts) never affect a result.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "last_valid_token_mask",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]
+
+# Log-ratios of two policies beyond +-20 nats (ratio ~5e8) only appear with stale or broken
+# log-probs; clamping them keeps exp() finite in bf16/fp32 without changing any sane value.
+LOG_RATIO_CLAMP = 20.0
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``values * mask`` over ``dim`` (all dims when ``None``).
+
+    Uses ``torch.where`` rather than a product so that inf/nan in padded positions cannot leak.
+    """
+    valid = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return valid.sum() if dim is None else valid.sum(dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` over the entries where ``mask`` is 1; 0 where there are none.
+
+    Formula: ``sum(values * mask) / max(sum(mask), 1)``.
+    """
+    count = masked_sum(torch.ones_like(values), mask, dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of ``values`` over all valid entries (a scalar).
+
+    Formula: ``sum(mask * (values - mu)^2) / (n - 1)`` with ``n = sum(mask)`` when ``unbiased``
+    (Bessel's correction, like ``torch.var``), else divided by ``n``. Returns 0 for ``n <= 1``.
+    """
+    mean = masked_mean(values, mask)
+    count = masked_sum(torch.ones_like(values), mask)
+    sq = masked_sum((values - mean) ** 2, mask)
+    denom = count - 1 if unbiased else count
+    return torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+    """Normalise ``values`` to zero mean and unit variance over the valid entries.
+
+    Formula: ``(values - mu) / sqrt(var + eps)`` with ``mu`` and the Bessel-corrected ``var`` taken
+    over entries where ``mask == 1`` (:func:`masked_var`); with ``shift_mean=False`` the mean is
+    added back (scale only). Invalid entries of the result are 0.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask, unbiased=True)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
+
+def last_valid_token_mask(response_mask: Tensor) -> Tensor:
+    """One-hot ``[batch, response_len]`` marking each row's last position where ``response_mask`` is 1.
+
+    Rows without any valid token get an all-zero row. This is where an outcome (sequence-level)
+    score is placed when it is turned into a token-level reward.
+    """
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    # The largest valid position is unique per row, so argmax finds exactly it.
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).argmax(dim=-1)
+    one_hot = torch.nn.functional.one_hot(last, num_classes=mask.shape[-1]).bool()
+    return one_hot & mask.any(dim=-1, keepdim=True)
