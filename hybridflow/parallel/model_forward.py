@@ -73,7 +73,9 @@ def _head_scores_labels(
             flat, head_forward, labels, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
         )
         stats = log_probs.unsqueeze(-1) if entropy is None else torch.stack((log_probs, entropy), -1)
-        return stats.view(*hidden.shape[:-1], stats.shape[-1])
+        # A copy, not a view: FSDP2 hooks the root's outputs for backward and warns that in-place ops on
+        # a view would bypass that hook. The copy is [tokens, 2] floats.
+        return stats.view(*hidden.shape[:-1], stats.shape[-1]).clone()
 
     head.forward = scores
     try:
