@@ -1,0 +1,107 @@
+"""`PromptDataset`: validated, templated and tokenized prompts from parquet or jsonl files."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from hybridflow.data.chat import render_prompt
+from hybridflow.data.files import read_rows
+from hybridflow.data.schema import validate_row
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["PromptDataset"]
+
+logger = logging.getLogger(__name__)
+
+
+class PromptDataset(Dataset):
+    """Prompts for RL rollouts, one item per kept row of the given files.
+
+    Every row is checked against :mod:`hybridflow.data.schema` (a bad row raises
+    :class:`~hybridflow.data.schema.RowFormatError` naming the file, row and field), rendered with the
+    tokenizer's chat template (or the plain fallback of :func:`~hybridflow.data.chat.render_plain`) and
+    tokenized without adding special tokens (the template carries them). Prompts longer than
+    ``max_prompt_length`` tokens are dropped; how many is logged and kept in ``num_filtered``.
+
+    Each item is a dict:
+
+    - ``input_ids``: int64 numpy array ``[prompt_len]``, ``prompt_len <= max_prompt_length``;
+    - ``raw_prompt``: the chat messages; ``ground_truth``: ``reward_model["ground_truth"]``;
+    - ``data_source`` (str), ``ability`` (str or None), ``extra_info`` (dict, ``{}`` when absent);
+    - ``index``: the row's position among all loaded rows (files in order), counted before filtering.
+
+    Args:
+        files: one path or a list of ``.parquet`` / ``.jsonl`` paths.
+        tokenizer: a Hugging Face tokenizer.
+        max_prompt_length: longest prompt kept, in tokens.
+        cache_dir: cache directory handed to ``datasets`` (its default if None).
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        tokenizer: PreTrainedTokenizerBase,
+        max_prompt_length: int,
+        cache_dir: str | None = None,
+    ) -> None:
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        paths = [files] if isinstance(files, str | os.PathLike) else list(files)
+        if not paths:
+            raise ValueError("PromptDataset needs at least one file")
+        rows: list[dict[str, Any]] = []
+        for path in paths:
+            file_rows = read_rows(path, cache_dir=cache_dir)
+            for i, row in enumerate(file_rows):
+                validate_row(row, i, where=str(path))
+            rows.extend(file_rows)
+
+        texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
+        token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+        self.max_prompt_length = max_prompt_length
+        self.num_loaded = len(rows)
+        self.filtered_indices: tuple[int, ...] = tuple(
+            i for i, ids in enumerate(token_ids) if len(ids) > max_prompt_length
+        )
+        self.num_filtered = len(self.filtered_indices)
+        if self.num_filtered:
+            longest = max(len(token_ids[i]) for i in self.filtered_indices)
+            logger.warning(
+                "filtered %d of %d prompts longer than max_prompt_length=%d tokens (longest %d) from %s",
+                self.num_filtered, self.num_loaded, max_prompt_length, longest, [str(p) for p in paths],
+            )
+        dropped = set(self.filtered_indices)
+        self._items = [
+            {
+                "input_ids": np.asarray(token_ids[i], dtype=np.int64),
+                "raw_prompt": row["prompt"],
+                "ground_truth": row["reward_model"]["ground_truth"],
+                "data_source": row["data_source"],
+                "ability": row.get("ability"),
+                "extra_info": row.get("extra_info") or {},
+                "index": i,
+            }
+            for i, row in enumerate(rows)
+            if i not in dropped
+        ]
+        if not self._items:
+            raise ValueError(
+                f"no prompts left: all {self.num_loaded} rows of {[str(p) for p in paths]} are longer "
+                f"than max_prompt_length={max_prompt_length} tokens or the files are empty"
+            )
+        logger.info("loaded %d prompts (%d filtered) from %s", len(self._items), self.num_filtered, paths)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self._items[i]

@@ -1,0 +1,194 @@
+"""`RewardManager`: scores a Batch of responses with rule-based or custom reward functions."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.algos.masked import last_valid_token_mask
+from hybridflow.protocol import Batch
+from hybridflow.rewards.config import RewardConfig
+from hybridflow.rewards.pool import ScoreOutcome, ScoreTask, ScoringPool
+from hybridflow.rewards.registry import is_file_spec, resolve_reward_function
+from hybridflow.rewards.shaping import check_shaping_arguments, get_reward_shaping
+
+__all__ = ["REQUIRED_COLUMNS", "RewardManager"]
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("response_text", "ground_truth", "data_source")
+
+# Failure statuses of the pool and the metric counting each.
+_FAILURE_METRICS = {"error": "reward/errors", "timeout": "reward/timeouts", "bad_type": "reward/bad_type"}
+_EXAMPLES_LOGGED = 3
+
+
+class RewardManager:
+    """Scores every row of a Batch in a pool of worker processes.
+
+    Input columns: ``response_text`` (str, the decoded response), ``ground_truth``, ``data_source``
+    (selects the function: ``config.fn_by_source``, else ``config.default_fn``), optionally
+    ``extra_info`` and ``response_mask [batch, response_len]``.
+
+    ``manager(batch)`` returns a new Batch (to be united with the input, ``batch | manager(batch)``):
+
+    - ``scores [batch]`` float32: the function's score, or ``config.fallback_score`` for a sample whose
+      function raised, ran past ``config.timeout_s`` or returned something other than a finite real
+      number; then every shaping step of ``config.shaping``, in order;
+    - ``token_level_scores [batch, response_len]`` float32 (only given ``response_mask``): the score at
+      the last valid response token, 0 elsewhere;
+    - ``reward_status`` (non-tensor): ``"ok"``, ``"error"``, ``"timeout"`` or ``"bad_type"`` per row;
+    - ``meta["reward_metrics"]``: counts ``reward/errors``, ``reward/timeouts``, ``reward/bad_type``,
+      ``reward/worker_restarts``, ``reward/empty_responses`` (rows whose mask is all zero: their score
+      has no token to sit on), score statistics and ``reward/time_s``.
+
+    A failing sample never stops the call; each failure is counted and the first few are logged with
+    their row and error. The worker pool starts on the first call and lives until :meth:`close` (or
+    garbage collection); use the manager as a context manager to close it.
+
+    Every reward function is resolved here, in the calling process, so a missing file, unknown name or
+    unpicklable function fails at construction with a message naming it.
+    """
+
+    def __init__(self, config: RewardConfig | None = None) -> None:
+        self.config = config or RewardConfig()
+        # Function key -> what the workers receive (a function by reference, or a "file.py:name" string).
+        self._functions: dict[str, Any] = {}
+        self._default_key = self._add_function("default_fn", self.config.default_fn)
+        self._key_by_source = {
+            source: self._add_function(f"fn_by_source[{source!r}]", spec)
+            for source, spec in self.config.fn_by_source.items()
+        }
+        self._shaping = [(step.name, get_reward_shaping(step.name), step.kwargs) for step in self.config.shaping]
+        for step in self.config.shaping:
+            check_shaping_arguments(step.name, step.kwargs)
+        self._pool: ScoringPool | None = None
+
+    def _add_function(self, where: str, spec: Any) -> str:
+        fn = resolve_reward_function(spec)
+        key = spec if isinstance(spec, str) else f"{fn.__module__}.{fn.__qualname__}"
+        if key not in self._functions:
+            shipped = spec if is_file_spec(spec) else fn
+            try:
+                pickle.dumps(shipped)
+            except Exception as error:
+                raise TypeError(
+                    f"RewardConfig.{where}: the reward function {key!r} cannot be sent to worker processes "
+                    f"({error}); define it at the top level of an importable module or name it as "
+                    "'path/to/file.py:function'"
+                ) from None
+            self._functions[key] = shipped
+        return key
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def worker_pids(self) -> list[int | None]:
+        """Process ids of the current workers (empty before the first call)."""
+        return [] if self._pool is None else self._pool.pids
+
+    # ------------------------------------------------------------------ scoring
+
+    def __call__(self, batch: Batch) -> Batch:
+        missing = [column for column in REQUIRED_COLUMNS if column not in batch]
+        if missing:
+            raise KeyError(f"RewardManager needs the columns {missing}; the batch has {batch.keys()}")
+        if len(batch) == 0:
+            raise ValueError("RewardManager cannot score an empty batch")
+        started = time.perf_counter()
+        sources = batch["data_source"]
+        extra_info = batch["extra_info"] if "extra_info" in batch else [None] * len(batch)
+        tasks = [
+            ScoreTask(self._key_by_source.get(source, self._default_key), source, text, truth, extra)
+            for source, text, truth, extra in zip(
+                sources, batch["response_text"], batch["ground_truth"], extra_info, strict=True
+            )
+        ]
+        if self._pool is None:
+            self._pool = ScoringPool(
+                self._functions, self.config.num_workers, self.config.timeout_s, self.config.kill_grace_s
+            )
+        restarts_before = self._pool.restarts
+        outcomes = self._pool.score(tasks)
+
+        fallback = float(self.config.fallback_score)
+        raw = torch.tensor([o.score if o.status == "ok" else fallback for o in outcomes], dtype=torch.float32)
+        metrics = self._failure_metrics(outcomes, sources)
+        metrics["reward/worker_restarts"] = float(self._pool.restarts - restarts_before)
+
+        scores = raw
+        for name, fn, kwargs in self._shaping:
+            shaped = fn(scores, batch, **kwargs)
+            if not isinstance(shaped, torch.Tensor) or shaped.shape != scores.shape:
+                raise TypeError(
+                    f"reward shaping {name!r} must return a tensor of shape {tuple(scores.shape)}, got "
+                    f"{getattr(shaped, 'shape', type(shaped).__name__)}"
+                )
+            shaped = shaped.to(torch.float32)
+            metrics[f"reward/shaping/{name}_delta_mean"] = (shaped - scores).mean().item()
+            scores = shaped
+
+        tensors = {"scores": scores}
+        if "response_mask" in batch:
+            mask = batch["response_mask"]
+            last = last_valid_token_mask(mask)
+            tensors["token_level_scores"] = last.to(torch.float32) * scores.unsqueeze(-1)
+            empty = int((~mask.bool().any(dim=-1)).sum())
+            metrics["reward/empty_responses"] = float(empty)
+            if empty:
+                logger.warning("reward: %d responses are empty; their scores have no token to sit on", empty)
+
+        metrics.update(_score_statistics(scores, raw, sources, shaped=bool(self._shaping)))
+        metrics["reward/time_s"] = time.perf_counter() - started
+        statuses = np.array([o.status for o in outcomes], dtype=object)
+        return Batch(tensors, {"reward_status": statuses}, {"reward_metrics": metrics})
+
+    def _failure_metrics(self, outcomes: list[ScoreOutcome], sources: np.ndarray) -> dict[str, float]:
+        counts = Counter(o.status for o in outcomes)
+        metrics = {name: float(counts[status]) for status, name in _FAILURE_METRICS.items()}
+        failed = [i for i, o in enumerate(outcomes) if o.status != "ok"]
+        if failed:
+            examples = "; ".join(
+                f"row {i} (data_source {sources[i]!r}) {outcomes[i].status}: {outcomes[i].detail}"
+                for i in failed[:_EXAMPLES_LOGGED]
+            )
+            logger.warning(
+                "reward: %d of %d samples got fallback_score=%s (errors %d, timeouts %d, bad_type %d); %s",
+                len(failed), len(outcomes), self.config.fallback_score,
+                counts["error"], counts["timeout"], counts["bad_type"], examples,
+            )
+        return metrics
+
+
+def _score_statistics(
+    scores: torch.Tensor, raw: torch.Tensor, sources: np.ndarray, shaped: bool
+) -> dict[str, float]:
+    stats = {
+        "reward/score_mean": scores.mean().item(),
+        "reward/score_min": scores.min().item(),
+        "reward/score_max": scores.max().item(),
+    }
+    if shaped:
+        stats["reward/raw_score_mean"] = raw.mean().item()
+    for source in sorted(set(sources.tolist())):
+        rows = torch.from_numpy(sources == source)
+        stats[f"reward/score_mean/{source}"] = scores[rows].mean().item()
+    return stats
