@@ -1,0 +1,55 @@
+"""`build_rollout_engine`: the engine a `RolloutConfig` names."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from hybridflow.models.io import load_causal_lm, read_special_token_ids
+from hybridflow.rollout.base import RolloutEngine
+from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.hf_engine import HFRolloutEngine
+from hybridflow.rollout.seeding import data_parallel_rank
+
+__all__ = ["build_rollout_engine"]
+
+
+def build_rollout_engine(
+    config: RolloutConfig,
+    model_path: str | Path,
+    *,
+    model: PreTrainedModel | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> RolloutEngine:
+    """Build the engine ``config.name`` names, on the weights in the HF directory ``model_path``.
+
+    Args:
+        config: engine settings.
+        model_path: HF model directory the engine starts from.
+        model: for ``"hf"`` only: use this model in place instead of loading ``model_path``.
+        eos_token_ids, pad_token_id: override the ids read from ``model_path``
+            (``read_special_token_ids``).
+
+    The ``"vllm"`` engine needs an initialised torch.distributed process group and must be built
+    on every rank at once (see ``VLLMRolloutEngine``); vLLM is imported only for it.
+    """
+    read_eos, read_pad = read_special_token_ids(model_path)
+    eos = tuple(eos_token_ids) if eos_token_ids is not None else read_eos
+    pad = pad_token_id if pad_token_id is not None else read_pad
+    if config.name == "vllm":
+        from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(model_path, config, eos, pad)
+    if config.tensor_parallel_size != 1:
+        raise ValueError(
+            "rollout.tensor_parallel_size must be 1 for the hf engine (every rank generates alone)"
+        )
+    if model is None:
+        model = load_causal_lm(model_path, getattr(torch, config.dtype))
+    return HFRolloutEngine(
+        model, eos, pad, seed=config.seed + data_parallel_rank(1), max_batch_rows=config.hf_max_batch_rows
+    )

@@ -1,0 +1,229 @@
+"""`VLLMRolloutEngine`: vLLM in SPMD mode inside the caller's torch.distributed process group.
+
+Every rank of the world constructs one engine at the same time. Consecutive groups of
+``tensor_parallel_size`` ranks form one tensor-parallel engine (``distributed_executor_backend=
+"external_launcher"``: each rank runs its own scheduler and model shard in-process, and vLLM reuses
+the existing default process group). All ranks of a TP group must call ``generate``,
+``update_weights``, ``release`` and ``resume`` together with identical arguments; the ``world / tp``
+groups are data-parallel and generate independently, each with its own seed stream.
+
+Keep the engine for the whole process: shutting vLLM down destroys the default process group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from vllm import LLM
+from vllm import SamplingParams as VLLMSamplingParams
+from vllm.platforms import current_platform
+
+from hybridflow.protocol import Batch
+from hybridflow.rollout.base import RolloutEngine
+from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts, prompt_token_lists
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.seeding import SeedStream, data_parallel_rank
+
+__all__ = ["VLLMRolloutEngine"]
+
+_CPU_WORKER = "hybridflow.rollout.vllm_cpu_worker.JobScopedShmCPUWorker"
+
+
+def _prepare_environment(config: RolloutConfig) -> None:
+    """Set the variables vLLM reads at start: compile caches and the launcher's rank variables."""
+    if config.cache_dir is not None:
+        cache_dir = Path(config.cache_dir)
+        os.environ["VLLM_CACHE_ROOT"] = str(cache_dir / "vllm")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    # external_launcher takes the rank from torchrun's variables; Ray or spawn may not set them.
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+
+
+def _kv_cache_storages(worker: object) -> list[torch.UntypedStorage]:
+    """The distinct storages behind the worker's KV cache tensors (layers may share one)."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    for tensor in worker.model_runner.kv_caches:  # type: ignore[attr-defined]
+        storage = tensor.untyped_storage()
+        storages.setdefault(storage.data_ptr(), storage)
+    return list(storages.values())
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """A vLLM engine sharing this process's torch.distributed world.
+
+    Reported log-probs use ``logprobs_mode="processed_logprobs"``: the log-softmax of the logits after
+    temperature, top-k and top-p, i.e. of the distribution each token was sampled from (for greedy
+    decoding, of the raw logits). ``hybridflow.rollout.logprobs.response_log_probs`` recomputes the
+    same quantity from a training model.
+
+    Args:
+        model_path: an HF model directory (see ``hybridflow.models.save_model_dir``). Its tokenizer is
+            not loaded: prompts arrive as token ids and responses leave as token ids.
+        config: engine settings; ``config.name`` is not checked here.
+        eos_token_ids: tokens that end a sample. Passed to vLLM explicitly because without a
+            tokenizer vLLM knows no end-of-sequence token.
+        pad_token_id: fills responses past their end.
+    """
+
+    def __init__(
+        self, model_path: str | Path, config: RolloutConfig, eos_token_ids: Sequence[int], pad_token_id: int
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "VLLMRolloutEngine runs inside an initialised torch.distributed process group "
+                "(gloo on CPU); call dist.init_process_group first, also for a single process"
+            )
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids must name at least one token")
+        self.config = config
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        seed = config.seed + data_parallel_rank(config.tensor_parallel_size)
+        self._seeds = SeedStream(seed)
+        self._on_cpu = current_platform.is_cpu()
+        _prepare_environment(config)
+        platform_args = (
+            {"worker_cls": _CPU_WORKER}
+            # CPU vLLM refuses sleep mode; release/resume free the KV cache storages directly instead.
+            if self._on_cpu
+            else {"enable_sleep_mode": True}
+        )
+        self._llm = LLM(
+            model=str(model_path),
+            tensor_parallel_size=config.tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            dtype=config.dtype,
+            seed=seed,
+            max_model_len=config.max_model_len,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enforce_eager=config.enforce_eager,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+            **platform_args,
+        )
+        # CPU only: (storage, allocated bytes) of the KV cache, freed and restored by release/resume.
+        self._kv_storages: list[tuple[torch.UntypedStorage, int]] = (
+            [(storage, storage.nbytes()) for storage in self._llm.collective_rpc(_kv_cache_storages)[0]]
+            if self._on_cpu
+            else []
+        )
+        self._released = False
+
+    @property
+    def llm(self) -> LLM:
+        """The underlying ``vllm.LLM`` (for inspection; calls on it bypass the TP-group contract)."""
+        return self._llm
+
+    def _request_params(self, sampling: SamplingParams, num_prompts: int) -> list[VLLMSamplingParams]:
+        seed = self._seeds.next(sampling.seed)
+        stop_ids = list(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids))
+        # vLLM seeds sample j of a request with seed + j, so requests step by n to keep seeds distinct.
+        return [
+            VLLMSamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0 if sampling.top_k == -1 else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=stop_ids,
+                seed=seed + i * sampling.n,
+                logprobs=0,
+                flat_logprobs=True,
+                detokenize=False,
+            )
+            for i in range(num_prompts)
+        ]
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if self._released:
+            raise RuntimeError("the engine is released; call resume() before generate()")
+        token_lists = prompt_token_lists(prompts)
+        longest = max(len(tokens) for tokens in token_lists)
+        if longest + sampling.max_new_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {longest} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
+                f"rollout.max_model_len {self.config.max_model_len}"
+            )
+        outputs = self._llm.generate(
+            [{"prompt_token_ids": tokens} for tokens in token_lists],
+            self._request_params(sampling, len(token_lists)),
+            use_tqdm=False,
+        )
+        responses: list[list[int]] = []
+        log_probs: list[list[float]] = []
+        finish_reasons: list[str] = []
+        for request in outputs:
+            for sample in sorted(request.outputs, key=lambda s: s.index):
+                if sample.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
+                    raise RuntimeError(f"vLLM ended a sample with finish_reason={sample.finish_reason!r}")
+                responses.append(list(sample.token_ids))
+                # With logprobs=0 each position holds exactly the sampled token's entry.
+                log_probs.append(sample.logprobs.logprobs)
+                finish_reasons.append(sample.finish_reason)
+        return pack_rollouts(
+            prompts,
+            sampling.n,
+            responses,
+            log_probs,
+            finish_reasons,
+            sampling.max_new_tokens,
+            self.pad_token_id,
+        )
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(hf_name, full_tensor)`` pairs with the model runner's in-place ``reload_weights``.
+
+        ``reload_weights`` runs the checkpoint loaders (TP sharding, fusing q/k/v and gate/up, the CPU
+        build's weight prepacking) and copies the result into the existing parameter storage. The
+        plain ``model.load_weights`` skips the prepacking on CPU and leaves stale weights in use.
+        Every rank of a TP group passes the same full tensors; each keeps its shard.
+        """
+        if not self._on_cpu and self._released:
+            self._llm.wake_up(tags=["weights"])
+        # In-process executor: the iterator reaches the model runner as is, consumed tensor by tensor.
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        # Cached prefixes hold keys/values computed with the old weights.
+        self._llm.reset_prefix_cache()
+
+    def release(self) -> int:
+        """Free the KV cache (CPU: resize its storages to 0 bytes; GPU: vLLM sleep level 1, which also
+        offloads the weights). Returns bytes freed."""
+        if self._released:
+            return 0
+        if self._on_cpu:
+            for storage, _ in self._kv_storages:
+                storage.resize_(0)
+            freed = sum(nbytes for _, nbytes in self._kv_storages)
+        else:
+            free_before = torch.cuda.mem_get_info()[0]
+            self._llm.sleep(level=1)
+            freed = torch.cuda.mem_get_info()[0] - free_before
+        self._released = True
+        return freed
+
+    def resume(self) -> int:
+        """Reallocate what ``release`` freed, zeroed, and drop the prefix cache. Returns bytes restored."""
+        if not self._released:
+            return 0
+        if self._on_cpu:
+            for storage, nbytes in self._kv_storages:
+                storage.resize_(nbytes)
+                # Fresh memory holds garbage; vLLM assumes unused blocks are zero.
+                storage.fill_(0)
+            restored = sum(nbytes for _, nbytes in self._kv_storages)
+        else:
+            free_before = torch.cuda.mem_get_info()[0]
+            self._llm.wake_up()
+            restored = free_before - torch.cuda.mem_get_info()[0]
+        # The prefix cache indexes blocks whose contents are gone.
+        self._llm.reset_prefix_cache()
+        self._released = False
+        return restored
