@@ -42,7 +42,8 @@ def math_verify_reward(
     """1.0 when the response's answer is mathematically equal to ``ground_truth`` (by ``math-verify``).
 
     The answer is the content of the last ``<answer>...</answer>`` if there is one; otherwise
-    math-verify searches the whole response (the last ``\\boxed{}``, or the final expression or number).
+    math-verify searches the whole response: a ``\\boxed{}`` answer first (several boxes count as
+    the set of their contents, so hedging scores 0), else the final expression or number.
     ``ground_truth`` is LaTeX or a plain value (``"\\frac{1}{2}"``, ``"0.5"``, ``"42"``).
 
     math-verify's own signal-based timeouts are switched off: they would cancel the per-sample timer

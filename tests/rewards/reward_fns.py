@@ -6,8 +6,9 @@ import time
 
 
 def echo_ground_truth(data_source, solution_str, ground_truth, extra_info=None):
-    """A well-behaved function whose score the test can predict: the ground truth as a number."""
-    return float(ground_truth)
+    """A well-behaved function whose score the test can predict: the ground truth as a number, plus
+    ``extra_info["bonus"]`` when given."""
+    return float(ground_truth) + (extra_info or {}).get("bonus", 0.0)
 
 
 def raising(data_source, solution_str, ground_truth, extra_info=None):
