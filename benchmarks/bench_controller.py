@@ -22,7 +22,14 @@ import numpy as np
 import ray
 import torch
 
-from hybridflow.controller import DataParallel, ResourcePool, RoleSpec, Worker, create_colocated_worker_groups, register
+from hybridflow.controller import (
+    DataParallel,
+    ResourcePool,
+    RoleSpec,
+    Worker,
+    create_colocated_worker_groups,
+    register,
+)
 from hybridflow.protocol import Batch
 
 

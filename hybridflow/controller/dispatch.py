@@ -143,10 +143,18 @@ class DataParallelPlan:
 
 
 class DataParallel(DispatchMode):
-    """Split `Batch` arguments by the dp rank of the named mesh; other arguments go to every rank."""
+    """Split `Batch` arguments by the dp rank of the named mesh; other arguments go to every rank.
 
-    def __init__(self, mesh: str = WORLD_MESH) -> None:
+    Args:
+        mesh: the named mesh whose dp rank decides each rank's shard.
+        allow_padding: pad a batch whose length the dp size does not divide by repeating its first
+            rows (their outputs are dropped on collection). Training methods set this to False:
+            repeated rows would be trained on twice, so an uneven batch is an error there.
+    """
+
+    def __init__(self, mesh: str = WORLD_MESH, allow_padding: bool = True) -> None:
         self.mesh = mesh
+        self.allow_padding = allow_padding
         self.name = f"dp_compute[{mesh}]" if mesh != WORLD_MESH else "dp_compute"
 
     def plan(self, layout: GroupLayout, pad: int) -> DataParallelPlan:
@@ -181,6 +189,11 @@ class DataParallel(DispatchMode):
                 return value.shards
             if not isinstance(value, Batch):
                 return [value] * dp_size
+            if not self.allow_padding and len(value) % dp_size:
+                raise ValueError(
+                    f"{self.name}: a batch of {len(value)} rows does not split evenly over {dp_size} "
+                    "data-parallel ranks, and this method does not accept padding rows"
+                )
             padded, pad = value.pad_to_multiple(dp_size)
             pads.add(pad)
             return padded.split(dp_size)

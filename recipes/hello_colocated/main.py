@@ -24,7 +24,14 @@ import ray
 import torch
 import torch.distributed as dist
 
-from hybridflow.controller import DataParallel, ResourcePool, RoleSpec, Worker, create_colocated_worker_groups, register
+from hybridflow.controller import (
+    DataParallel,
+    ResourcePool,
+    RoleSpec,
+    Worker,
+    create_colocated_worker_groups,
+    register,
+)
 from hybridflow.protocol import Batch
 
 NUM_ARMS = 16
