@@ -77,7 +77,11 @@ class PromptDataset(Dataset):
             longest = max(len(token_ids[i]) for i in self.filtered_indices)
             logger.warning(
                 "filtered %d of %d prompts longer than max_prompt_length=%d tokens (longest %d) from %s",
-                self.num_filtered, self.num_loaded, max_prompt_length, longest, [str(p) for p in paths],
+                self.num_filtered,
+                self.num_loaded,
+                max_prompt_length,
+                longest,
+                [str(p) for p in paths],
             )
         dropped = set(self.filtered_indices)
         self._items = [

@@ -17,7 +17,9 @@ def file_format(path: str | os.PathLike[str]) -> str:
     """``"parquet"`` or ``"json"`` from the file's suffix; a ValueError names the path otherwise."""
     suffix = Path(path).suffix.lower()
     if suffix not in _FORMATS:
-        raise ValueError(f"cannot tell the format of {str(path)!r}: expected a suffix among {sorted(_FORMATS)}")
+        raise ValueError(
+            f"cannot tell the format of {str(path)!r}: expected a suffix among {sorted(_FORMATS)}"
+        )
     return _FORMATS[suffix]
 
 

@@ -76,14 +76,20 @@ class ResumableBatchSampler:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: the shape fields, ``epoch`` and ``position``."""
-        return {**{key: getattr(self, key) for key in _SHAPE_FIELDS}, "epoch": self.epoch, "position": self.position}
+        return {
+            **{key: getattr(self, key) for key in _SHAPE_FIELDS},
+            "epoch": self.epoch,
+            "position": self.position,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state``; a ValueError names any field that differs from this sampler's."""
         missing = [key for key in (*_SHAPE_FIELDS, "epoch", "position") if key not in state]
         if missing:
             raise ValueError(f"sampler state lacks {missing}")
-        different = {key: (state[key], getattr(self, key)) for key in _SHAPE_FIELDS if state[key] != getattr(self, key)}
+        different = {
+            key: (state[key], getattr(self, key)) for key in _SHAPE_FIELDS if state[key] != getattr(self, key)
+        }
         if different:
             raise ValueError(f"sampler state does not match this sampler (saved, current): {different}")
         self.epoch = int(state["epoch"])

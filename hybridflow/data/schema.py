@@ -66,12 +66,16 @@ def validate_row(row: Mapping[str, Any], index: int, where: str = "") -> None:
     _check_messages(row["prompt"], index, where)
     reward_model = row["reward_model"]
     if not isinstance(reward_model, Mapping):
-        raise RowFormatError(index, "reward_model", f"must be a dict, got {type(reward_model).__name__}", where)
+        raise RowFormatError(
+            index, "reward_model", f"must be a dict, got {type(reward_model).__name__}", where
+        )
     if reward_model.get("ground_truth") is None:
         raise RowFormatError(index, "reward_model.ground_truth", "is missing", where)
     style = reward_model.get("style")
     if style is not None and not isinstance(style, str):
-        raise RowFormatError(index, "reward_model.style", f"must be a string, got {type(style).__name__}", where)
+        raise RowFormatError(
+            index, "reward_model.style", f"must be a string, got {type(style).__name__}", where
+        )
     ability = row.get("ability")
     if ability is not None and not isinstance(ability, str):
         raise RowFormatError(index, "ability", f"must be a string, got {type(ability).__name__}", where)

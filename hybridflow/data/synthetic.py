@@ -148,13 +148,17 @@ def write_splits(
 ) -> list[Path]:
     """Write each split as ``{out_dir}/{split}.{format}``; returns the paths written."""
     return [
-        write_rows(rows, Path(out_dir) / f"{split}.{fmt}") for split, rows in splits.items() for fmt in formats
+        write_rows(rows, Path(out_dir) / f"{split}.{fmt}")
+        for split, rows in splits.items()
+        for fmt in formats
     ]
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """The command line described in the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m hybridflow.data.synthetic", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hybridflow.data.synthetic", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--task", choices=["arithmetic"], default="arithmetic")
     parser.add_argument("--digits", type=int, default=2, help="digits per operand")
     parser.add_argument("--ops", nargs="+", default=["+"], choices=list(OPERATORS))

@@ -57,7 +57,9 @@ class RewardConfig:
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"RewardConfig.{key} must be a number > 0, got {value!r}")
         if not isinstance(self.fallback_score, int | float) or not math.isfinite(self.fallback_score):
-            raise ValueError(f"RewardConfig.fallback_score must be a finite number, got {self.fallback_score!r}")
+            raise ValueError(
+                f"RewardConfig.fallback_score must be a finite number, got {self.fallback_score!r}"
+            )
         entries = [("default_fn", self.default_fn)]
         entries += [(f"fn_by_source[{source!r}]", spec) for source, spec in self.fn_by_source.items()]
         for key, spec in entries:

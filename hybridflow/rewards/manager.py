@@ -65,7 +65,9 @@ class RewardManager:
             source: self._add_function(f"fn_by_source[{source!r}]", spec)
             for source, spec in self.config.fn_by_source.items()
         }
-        self._shaping = [(step.name, get_reward_shaping(step.name), step.kwargs) for step in self.config.shaping]
+        self._shaping = [
+            (step.name, get_reward_shaping(step.name), step.kwargs) for step in self.config.shaping
+        ]
         for step in self.config.shaping:
             check_shaping_arguments(step.name, step.kwargs)
         self._pool: ScoringPool | None = None
@@ -172,8 +174,13 @@ class RewardManager:
             )
             logger.warning(
                 "reward: %d of %d samples got fallback_score=%s (errors %d, timeouts %d, bad_type %d); %s",
-                len(failed), len(outcomes), self.config.fallback_score,
-                counts["error"], counts["timeout"], counts["bad_type"], examples,
+                len(failed),
+                len(outcomes),
+                self.config.fallback_score,
+                counts["error"],
+                counts["timeout"],
+                counts["bad_type"],
+                examples,
             )
         return metrics
 

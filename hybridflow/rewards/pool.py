@@ -96,7 +96,10 @@ def _score_one(fn: Callable[..., Any], payload: _Payload, timeout_s: float) -> t
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             value = fn(
-                data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
+                data_source=data_source,
+                solution_str=solution_str,
+                ground_truth=ground_truth,
+                extra_info=extra_info,
             )
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -142,7 +145,10 @@ class _Worker:
     def __init__(self, ctx: Any, functions: Mapping[str, Any], timeout_s: float) -> None:
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, functions, timeout_s), name="hybridflow-reward", daemon=True
+            target=_worker_main,
+            args=(child_conn, functions, timeout_s),
+            name="hybridflow-reward",
+            daemon=True,
         )
         self.process.start()
         child_conn.close()
@@ -217,7 +223,8 @@ class ScoringPool:
             raise RuntimeError("the scoring pool is closed")
         outcomes: list[ScoreOutcome | None] = [None] * len(tasks)
         payloads = [
-            (i, t.fn_key, t.data_source, t.solution_str, t.ground_truth, t.extra_info) for i, t in enumerate(tasks)
+            (i, t.fn_key, t.data_source, t.solution_str, t.ground_truth, t.extra_info)
+            for i, t in enumerate(tasks)
         ]
         size = max(1, math.ceil(len(payloads) / (4 * len(self._workers))))
         queue = deque(payloads[start : start + size] for start in range(0, len(payloads), size))
@@ -282,7 +289,9 @@ class ScoringPool:
         if not worker.ready:
             self.close()
             raise RuntimeError(f"a reward worker exited with code {exitcode} before it was ready")
-        return done + self._replace(slot, outcomes, queue, "error", f"worker process died (exit code {exitcode})")
+        return done + self._replace(
+            slot, outcomes, queue, "error", f"worker process died (exit code {exitcode})"
+        )
 
     def _enforce_deadlines(self, outcomes: list[ScoreOutcome | None], queue: deque[list[_Payload]]) -> int:
         now = time.monotonic()
@@ -315,7 +324,10 @@ class ScoringPool:
             done = 1
             logger.warning(
                 "reward worker pid %s replaced: %s (sample %d, data_source %r)",
-                worker.process.pid, detail, running[0], running[2],
+                worker.process.pid,
+                detail,
+                running[0],
+                running[2],
             )
             if worker.pending:
                 queue.appendleft(list(worker.pending))

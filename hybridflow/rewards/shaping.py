@@ -59,7 +59,9 @@ def check_shaping_arguments(name: str, kwargs: Mapping[str, Any]) -> None:
     try:
         inspect.signature(fn).bind(None, None, **kwargs)
     except TypeError as error:
-        raise TypeError(f"reward shaping {name!r} cannot take the arguments {dict(kwargs)}: {error}") from None
+        raise TypeError(
+            f"reward shaping {name!r} cannot take the arguments {dict(kwargs)}: {error}"
+        ) from None
 
 
 def response_lengths(batch: Batch, shaping: str) -> torch.Tensor:

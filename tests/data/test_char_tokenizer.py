@@ -16,7 +16,12 @@ def test_round_trip_one_token_per_character():
 
 def test_special_tokens_have_fixed_ids_and_unknown_characters_map_to_unk():
     tokenizer = build_char_tokenizer(alphabet="0123456789+=")
-    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (0, 1, 2, 3)
+    assert (
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.unk_token_id,
+    ) == (0, 1, 2, 3)
     assert len(tokenizer) == 4 + 12
     assert tokenizer("1+x")["input_ids"] == [5, 14, 3]
     assert tokenizer.decode([5, 14, 6, 2], skip_special_tokens=True) == "1+2"

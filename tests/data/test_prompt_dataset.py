@@ -112,8 +112,22 @@ def test_tokenizer_without_template_gets_plain_template(tmp_path, hf_cache):
 
 def test_collator_left_pads_with_positions_and_keeps_columns():
     items = [
-        {"input_ids": [5, 6, 7], "raw_prompt": "a", "ground_truth": "1", "data_source": "s", "extra_info": {}, "index": 4},
-        {"input_ids": [8], "raw_prompt": "b", "ground_truth": "2", "data_source": "t", "extra_info": {"k": 1}, "index": 9},
+        {
+            "input_ids": [5, 6, 7],
+            "raw_prompt": "a",
+            "ground_truth": "1",
+            "data_source": "s",
+            "extra_info": {},
+            "index": 4,
+        },
+        {
+            "input_ids": [8],
+            "raw_prompt": "b",
+            "ground_truth": "2",
+            "data_source": "t",
+            "extra_info": {"k": 1},
+            "index": 9,
+        },
     ]
     batch = PromptCollator(pad_token_id=0)(items)
     assert torch.equal(batch["input_ids"], torch.tensor([[5, 6, 7], [0, 0, 8]]))

@@ -50,13 +50,21 @@ def test_state_from_another_sampler_is_refused():
     with pytest.raises(ValueError, match="batch_size"):
         ResumableBatchSampler(23, 5, seed=7).load_state_dict(state)
     with pytest.raises(ValueError, match=r"lacks \['position'\]"):
-        ResumableBatchSampler(23, 4, seed=7).load_state_dict({k: v for k, v in state.items() if k != "position"})
+        ResumableBatchSampler(23, 4, seed=7).load_state_dict(
+            {k: v for k, v in state.items() if k != "position"}
+        )
 
 
 def test_loader_resumes_with_the_same_prompt_batches():
     items = [
-        {"input_ids": [1] * (1 + i % 4), "raw_prompt": f"p{i}", "ground_truth": str(i), "data_source": "s",
-         "extra_info": {}, "index": i}
+        {
+            "input_ids": [1] * (1 + i % 4),
+            "raw_prompt": f"p{i}",
+            "ground_truth": str(i),
+            "data_source": "s",
+            "extra_info": {},
+            "index": i,
+        }
         for i in range(10)
     ]
     loader = PromptLoader(items, batch_size=3, pad_token_id=0, seed=3)

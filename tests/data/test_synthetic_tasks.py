@@ -46,9 +46,16 @@ def test_instruct_prompt_asks_for_think_and_answer_tags():
 def test_command_line_writes_parquet_and_jsonl_that_load(tmp_path):
     out = tmp_path / "arith"
     main(["--task", "arithmetic", "--digits", "2", "--num-train", "12", "--num-test", "4", "--out", str(out)])
-    assert sorted(p.name for p in out.iterdir()) == ["test.jsonl", "test.parquet", "train.jsonl", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "test.jsonl",
+        "test.parquet",
+        "train.jsonl",
+        "train.parquet",
+    ]
     cache = str(tmp_path / "hf-cache")
     assert read_rows(out / "train.parquet", cache) == read_rows(out / "train.jsonl", cache)
     assert read_rows(out / "test.jsonl", cache) == arithmetic_rows(12, 4, digits=2, seed=0)["test"]
-    dataset = PromptDataset(out / "train.parquet", build_char_tokenizer(), max_prompt_length=200, cache_dir=cache)
+    dataset = PromptDataset(
+        out / "train.parquet", build_char_tokenizer(), max_prompt_length=200, cache_dir=cache
+    )
     assert len(dataset) == 12

@@ -4,7 +4,7 @@ import pytest
 
 from hybridflow.rewards import load_reward_function, resolve_reward_function
 
-SOURCE = '''
+SOURCE = """
 from dataclasses import dataclass
 
 
@@ -18,7 +18,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 LIMIT = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -41,7 +41,9 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_missing_function_lists_what_the_file_defines(reward_file):
-    with pytest.raises(AttributeError, match=r"defines no 'score_fn'; it defines \['Weights', 'compute_score', 'dataclass'\]"):
+    with pytest.raises(
+        AttributeError, match=r"defines no 'score_fn'; it defines \['Weights', 'compute_score', 'dataclass'\]"
+    ):
         load_reward_function(reward_file, "score_fn")
 
 

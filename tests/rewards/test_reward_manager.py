@@ -57,7 +57,11 @@ def test_failing_samples_get_the_fallback_and_are_counted(manager):
     assert out["scores"].tolist() == expected
     assert list(out["reward_status"]) == ["ok", "error", "ok", "timeout", "ok", "bad_type", "bad_type", "ok"]
     metrics = out.meta["reward_metrics"]
-    assert (metrics["reward/errors"], metrics["reward/timeouts"], metrics["reward/bad_type"]) == (1.0, 1.0, 2.0)
+    assert (metrics["reward/errors"], metrics["reward/timeouts"], metrics["reward/bad_type"]) == (
+        1.0,
+        1.0,
+        2.0,
+    )
     # The hang was cut short inside the worker: no process had to be replaced.
     assert metrics["reward/worker_restarts"] == 0.0
     assert metrics["reward/score_mean/good"] == pytest.approx(0.875)

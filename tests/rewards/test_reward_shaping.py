@@ -19,7 +19,13 @@ def test_overlong_penalty_follows_dapo():
     # L_max=12, L_cache=4: free up to 8 tokens, -1 from 12 on.
     shaped = fn(scores, batch_with_lengths([3, 8, 9, 10, 12, 16]), max_response_length=12, cache_length=4)
     assert shaped.tolist() == [1.0, 1.0, 0.75, 0.5, 0.0, 0.0]
-    half = fn(torch.ones(2), batch_with_lengths([10, 16]), max_response_length=12, cache_length=4, penalty_factor=0.5)
+    half = fn(
+        torch.ones(2),
+        batch_with_lengths([10, 16]),
+        max_response_length=12,
+        cache_length=4,
+        penalty_factor=0.5,
+    )
     assert half.tolist() == [0.75, 0.5]
     with pytest.raises(ValueError, match="cache_length"):
         fn(scores, batch_with_lengths([1] * 6), max_response_length=4, cache_length=5)
@@ -33,7 +39,9 @@ def test_length_penalty_is_linear_in_length():
 
 def test_shaping_needs_the_response_mask():
     with pytest.raises(KeyError, match="'length_penalty' needs the column 'response_mask'"):
-        get_reward_shaping("length_penalty")(torch.ones(2), Batch({"scores": torch.ones(2)}), coef=1.0, max_response_length=4)
+        get_reward_shaping("length_penalty")(
+            torch.ones(2), Batch({"scores": torch.ones(2)}), coef=1.0, max_response_length=4
+        )
 
 
 def test_registering_a_new_shaping_and_refusing_a_clash():
@@ -42,7 +50,10 @@ def test_registering_a_new_shaping_and_refusing_a_clash():
         return scores.clamp(min=0.0)
 
     try:
-        assert get_reward_shaping("test_clip_negative")(torch.tensor([-2.0, 3.0]), None).tolist() == [0.0, 3.0]
+        assert get_reward_shaping("test_clip_negative")(torch.tensor([-2.0, 3.0]), None).tolist() == [
+            0.0,
+            3.0,
+        ]
         with pytest.raises(ValueError, match="already registered as 'test_clip_negative'"):
             register_reward_shaping("test_clip_negative")(lambda scores, batch: scores)
     finally:
