@@ -1,0 +1,187 @@
+"""Checks that involve more than one value, or something outside the config (registries, files)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from hybridflow.algos import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownNameError,
+)
+from trainer.config.problems import Problems
+from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
+from trainer.config.sizes import check_sizes, unknown_pool
+
+__all__ = ["check_rules"]
+
+
+def check_rules(config: RunConfig, problems: Problems) -> None:
+    """Record in ``problems`` every rule that ``config`` breaks."""
+    check_sizes(config, problems)
+    _check_names(config, problems)
+    _check_algorithm(config, problems)
+    _check_model(config, problems)
+    _check_data(config, problems)
+    _check_roles(config, problems)
+    _check_resources(config, problems)
+    _check_trainer(config, problems)
+    _check_reward(config.reward, problems)
+
+
+def _check_name(registry: Registry[Any], name: str, key: str, problems: Problems) -> None:
+    try:
+        registry.get(name)
+    except UnknownNameError as error:
+        problems.add(key, str(error))
+
+
+def _check_names(config: RunConfig, problems: Problems) -> None:
+    _check_name(ADVANTAGE_ESTIMATORS, config.algorithm.adv_estimator, "algorithm.adv_estimator", problems)
+    _check_name(KL_ESTIMATORS, config.algorithm.kl_penalty, "algorithm.kl_penalty", problems)
+    _check_name(POLICY_LOSSES, config.actor.policy_loss, "actor.policy_loss", problems)
+    _check_name(AGGREGATION_MODES, config.actor.loss_agg_mode, "actor.loss_agg_mode", problems)
+    _check_name(KL_ESTIMATORS, config.actor.kl_estimator, "actor.kl_estimator", problems)
+    if config.critic is not None:
+        _check_name(AGGREGATION_MODES, config.critic.loss_agg_mode, "critic.loss_agg_mode", problems)
+
+
+def _check_algorithm(config: RunConfig, problems: Problems) -> None:
+    algorithm, actor = config.algorithm, config.actor
+    if algorithm.adv_estimator == "gae" and config.critic is None:
+        problems.add(
+            "critic",
+            "required when algorithm.adv_estimator is 'gae' (the estimator needs values); add a critic section",
+            "algorithm.adv_estimator",
+        )
+    if algorithm.use_kl_in_reward and algorithm.kl_ctrl.type == "adaptive" and algorithm.kl_ctrl.kl_coef <= 0:
+        problems.add(
+            "algorithm.kl_ctrl.kl_coef",
+            "must be > 0 for the adaptive controller (it scales the coefficient multiplicatively)",
+        )
+    if (
+        actor.dual_clip_c is not None
+        and actor.policy_loss in POLICY_LOSSES
+        and "dual_clip_c" not in actor.policy_loss_params()
+    ):
+        problems.add(
+            "actor.dual_clip_c",
+            f"policy loss {actor.policy_loss!r} takes no dual clip; set it to null",
+            "actor.policy_loss",
+        )
+
+
+def _check_model(config: RunConfig, problems: Problems) -> None:
+    if config.model.path is not None:
+        return
+    tiny, tp = config.model.tiny, config.rollout.tp_size
+    if tiny.hidden_size % tiny.num_heads:
+        problems.add(
+            "model.tiny.num_heads",
+            f"{tiny.num_heads} does not divide model.tiny.hidden_size {tiny.hidden_size}",
+        )
+    if tiny.num_heads % tiny.num_kv_heads:
+        problems.add(
+            "model.tiny.num_kv_heads",
+            f"{tiny.num_kv_heads} does not divide model.tiny.num_heads {tiny.num_heads}",
+        )
+    if tiny.num_kv_heads % tp:
+        problems.add(
+            "rollout.tp_size",
+            f"{tp} does not divide model.tiny.num_kv_heads {tiny.num_kv_heads} (each TP rank needs whole KV heads)",
+            "model.tiny.num_kv_heads",
+        )
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    if tiny.max_position_embeddings < longest:
+        problems.add(
+            "model.tiny.max_position_embeddings",
+            f"{tiny.max_position_embeddings} is shorter than data.max_prompt_length + "
+            f"data.max_response_length = {longest}",
+        )
+
+
+def _check_data(config: RunConfig, problems: Problems) -> None:
+    if not config.data.train_files:
+        problems.add("data.train_files", "required: list at least one parquet or jsonl file")
+    files = {"data.train_files": config.data.train_files, "data.val_files": config.data.val_files}
+    for key, paths in files.items():
+        for i, path in enumerate(paths):
+            if not Path(path).is_file():
+                problems.add(f"{key}[{i}]", f"file {path!r} not found")
+    top_ks = {
+        "rollout.top_k": config.rollout.top_k,
+        "rollout.val_sampling.top_k": config.rollout.val_sampling.top_k,
+    }
+    for key, top_k in top_ks.items():
+        if top_k == 0:
+            problems.add(key, "must be -1 (disabled) or >= 1, got 0")
+
+
+def _check_roles(config: RunConfig, problems: Problems) -> None:
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    batching = [("actor", config.actor), ("ref", config.ref), ("critic", config.critic)]
+    for section, role in batching:
+        if role is not None and role.dynamic_batching and role.max_tokens_per_micro_batch < longest:
+            problems.add(
+                f"{section}.max_tokens_per_micro_batch",
+                f"{role.max_tokens_per_micro_batch} cannot hold one sequence of data.max_prompt_length + "
+                f"data.max_response_length = {longest} tokens",
+            )
+    trained: list[tuple[str, OptimizedRoleConfig | None]] = [
+        ("actor", config.actor),
+        ("critic", config.critic),
+    ]
+    for section, role in trained:
+        if role is not None and (len(role.betas) != 2 or not all(0 <= beta < 1 for beta in role.betas)):
+            problems.add(f"{section}.betas", f"must be two numbers in [0, 1), got {list(role.betas)}")
+
+
+def _check_resources(config: RunConfig, problems: Problems) -> None:
+    resource = config.resource
+    if GLOBAL_POOL in resource.pools:
+        problems.add(f"resource.pools.{GLOBAL_POOL}", "reserved for the default pool; pick another name")
+    for role in resource.placement:
+        key = f"resource.placement.{role}"
+        if role not in ROLES:
+            close = difflib.get_close_matches(role, ROLES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.add(key, f"unknown role; {hint}roles: {', '.join(ROLES)}")
+        elif (problem := unknown_pool(config, role)) is not None:
+            problems.add(key, problem)
+
+
+def _check_trainer(config: RunConfig, problems: Problems) -> None:
+    trainer = config.trainer
+    if trainer.val_every > 0 and not config.data.val_files:
+        problems.add("trainer.val_every", f"validation every {trainer.val_every} steps needs data.val_files")
+    if trainer.resume not in ("auto", "disable") and not Path(trainer.resume).exists():
+        problems.add(
+            "trainer.resume", f"checkpoint {trainer.resume!r} does not exist (or use 'auto' / 'disable')"
+        )
+    duplicates = sorted({name for name in trainer.loggers if trainer.loggers.count(name) > 1})
+    if duplicates:
+        problems.add("trainer.loggers", f"listed more than once: {', '.join(duplicates)}")
+    if not trainer.experiment:
+        problems.add(
+            "trainer.experiment", "must not be empty (it names the output folder and the logged run)"
+        )
+
+
+def _check_reward(reward: RewardConfig, problems: Problems) -> None:
+    specs = {"reward.default_fn": reward.default_fn}
+    specs.update({f"reward.fn_by_source.{source}": spec for source, spec in reward.fn_by_source.items()})
+    for key, spec in specs.items():
+        if not spec:
+            problems.add(key, "must name a reward function or 'file.py:function'")
+        elif ":" in spec:
+            file, _, function = spec.rpartition(":")
+            if not function or not Path(file).is_file():
+                problems.add(key, f"{spec!r}: expected 'file.py:function' naming an existing file")
+    for i, step in enumerate(reward.shaping):
+        if not step.name:
+            problems.add(f"reward.shaping[{i}].name", "required: the registered shaping name")

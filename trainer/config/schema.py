@@ -1,0 +1,382 @@
+"""The schema of a run config: one frozen dataclass per section, defaults and bounds beside each field.
+
+docs/config.md describes every key. Batch sizes count rows (responses) unless named after prompts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hybridflow.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from trainer.config.frozen import FrozenMap
+
+__all__ = [
+    "GLOBAL_POOL",
+    "ROLES",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "DataConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "OptimizedRoleConfig",
+    "PoolConfig",
+    "RefConfig",
+    "ResharderConfig",
+    "ResourceConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "ShapingConfig",
+    "TinyModelConfig",
+    "TrainerConfig",
+    "ValSamplingConfig",
+]
+
+ROLES = ("actor_rollout", "critic", "ref", "reward")
+"""Worker roles that ``resource.placement`` can map to a resource pool."""
+
+GLOBAL_POOL = "global"
+"""Name of the default pool, sized by ``resource.nodes`` and ``resource.slots_per_node``."""
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+LoggerName = Literal["console", "jsonl", "tensorboard", "wandb"]
+
+
+def _field(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
+    """A dataclass field whose numeric bounds are declared next to its default and checked on load."""
+    bounds = {name: limit for name, limit in (("ge", ge), ("gt", gt), ("le", le)) if limit is not None}
+    return field(default=default, metadata={"bounds": bounds})
+
+
+# --------------------------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """A randomly initialised Qwen2 built by ``hybridflow.models.build_tiny_causal_lm`` (``model.path`` unset).
+
+    ``vocab_size`` null means the tokenizer's vocabulary size.
+    """
+
+    vocab_size: int | None = _field(None, ge=1)
+    hidden_size: int = _field(64, ge=1)
+    num_layers: int = _field(2, ge=1)
+    num_heads: int = _field(2, ge=1)
+    num_kv_heads: int = _field(2, ge=1)
+    intermediate_size: int = _field(128, ge=1)
+    max_position_embeddings: int = _field(1024, ge=1)
+    initializer_range: float = _field(0.02, gt=0)
+    seed: int = _field(0, ge=0)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model: a Hugging Face directory (``path``) or, when ``path`` is null, the ``tiny`` builder.
+
+    ``tokenizer`` null means the model directory's tokenizer, or the character tokenizer for a tiny model.
+    """
+
+    path: str | None = None
+    tokenizer: str | None = None
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: Dtype = "float32"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt datasets (parquet or jsonl in the veRL row layout) and how they are batched.
+
+    ``train_batch_size`` and ``val_batch_size`` count prompts; each prompt yields ``rollout.n`` rows.
+    """
+
+    train_files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    prompt_key: str = "prompt"
+    max_prompt_length: int = _field(512, ge=1)
+    max_response_length: int = _field(512, ge=1)
+    train_batch_size: int = _field(64, ge=1)
+    val_batch_size: int = _field(64, ge=1)
+    shuffle: bool = True
+    seed: int = _field(0, ge=0)
+
+
+@dataclass(frozen=True)
+class ValSamplingConfig:
+    """Sampling for validation; the default is one greedy sample per prompt. ``top_k`` -1 disables top-k."""
+
+    n: int = _field(1, ge=1)
+    temperature: float = _field(0.0, ge=0)
+    top_p: float = _field(1.0, gt=0, le=1)
+    top_k: int = _field(-1, ge=-1)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The generation engine and how it samples during training.
+
+    ``tp_size`` consecutive ranks of the actor pool form one engine; the ``world / tp_size`` engines are
+    the inference data-parallel groups, and dp group ``d`` samples with seed ``seed + d``.
+    ``kv_cache_bytes`` is per rank and always bounded (unbounded, the CPU build of vLLM takes most of
+    the host's memory). ``top_k`` -1 disables top-k.
+    """
+
+    engine: Literal["vllm", "hf"] = "vllm"
+    n: int = _field(1, ge=1)
+    temperature: float = _field(1.0, ge=0)
+    top_p: float = _field(1.0, gt=0, le=1)
+    top_k: int = _field(-1, ge=-1)
+    tp_size: int = _field(1, ge=1)
+    kv_cache_bytes: int = _field(256 << 20, ge=1)
+    max_num_seqs: int = _field(256, ge=1)
+    max_num_batched_tokens: int | None = _field(None, ge=1)
+    enforce_eager: bool = False
+    cache_dir: str | None = None
+    seed: int = _field(0, ge=0)
+    val_sampling: ValSamplingConfig = field(default_factory=ValSamplingConfig)
+
+
+@dataclass(frozen=True)
+class OptimizedRoleConfig:
+    """Settings shared by the roles that train (actor, critic): optimizer, batching, precision, offload.
+
+    Batch sizes count rows (responses), not prompts: ``ppo_mini_batch_size`` rows across all ranks make
+    one optimizer step; ``ppo_micro_batch_size`` rows on one rank make one forward/backward. With
+    ``dynamic_batching`` the micro-batches are instead packed up to ``max_tokens_per_micro_batch``
+    tokens per rank. ``forward_micro_batch_size`` is the per-rank row count of no-grad forwards
+    (log-probs, values). ``grad_clip`` null disables clipping.
+    """
+
+    lr: float = _field(1e-6, gt=0)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = _field(0, ge=0)
+    min_lr_ratio: float = _field(0.0, ge=0, le=1)
+    weight_decay: float = _field(0.01, ge=0)
+    betas: tuple[float, ...] = (0.9, 0.999)
+    grad_clip: float | None = _field(1.0, gt=0)
+    ppo_mini_batch_size: int = _field(64, ge=1)
+    ppo_micro_batch_size: int = _field(4, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = _field(8192, ge=1)
+    forward_micro_batch_size: int = _field(8, ge=1)
+    ppo_epochs: int = _field(1, ge=1)
+    shuffle: bool = True
+    param_dtype: Dtype = "float32"
+    reduce_dtype: Dtype = "float32"
+    activation_checkpointing: bool = False
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass(frozen=True)
+class ActorConfig(OptimizedRoleConfig):
+    """The policy update. Names are checked against the ``hybridflow.algos`` registries.
+
+    ``clip_eps_low``/``clip_eps_high`` bound the ratio to ``[1 - low, 1 + high]``; ``dual_clip_c``
+    (> 1, null = off) caps the loss of negative-advantage tokens. ``kl_estimator`` and ``kl_loss_coef``
+    apply when ``use_kl_loss`` is true.
+    """
+
+    policy_loss: str = "ppo_clip"
+    clip_eps_low: float = _field(0.2, ge=0)
+    clip_eps_high: float = _field(0.2, ge=0)
+    dual_clip_c: float | None = _field(None, gt=1)
+    loss_agg_mode: str = "token-mean"
+    entropy_coef: float = _field(0.0, ge=0)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = _field(0.001, ge=0)
+    kl_estimator: str = "k3"
+
+    def policy_loss_params(self) -> dict[str, Any]:
+        """The clip settings that the chosen policy loss accepts, as its keyword arguments."""
+        offered = {
+            "clip_eps_low": self.clip_eps_low,
+            "clip_eps_high": self.clip_eps_high,
+            "dual_clip_c": self.dual_clip_c,
+        }
+        return _accepted_params(POLICY_LOSSES.get(self.policy_loss), offered, skip_positional=4)
+
+
+@dataclass(frozen=True)
+class CriticConfig(OptimizedRoleConfig):
+    """The value model (required by the ``gae`` estimator). ``cliprange_value`` null disables clipping."""
+
+    lr: float = _field(1e-5, gt=0)
+    cliprange_value: float | None = _field(0.5, gt=0)
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The frozen reference policy, used when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``."""
+
+    forward_micro_batch_size: int = _field(8, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = _field(8192, ge=1)
+    param_offload: bool = False
+
+
+@dataclass(frozen=True)
+class ShapingConfig:
+    """One reward-shaping step: a registered shaping name and its keyword arguments."""
+
+    name: str = ""
+    kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How samples are scored.
+
+    A reward function is a registered name (e.g. ``exact_match``) or ``path/to/file.py:function``;
+    ``fn_by_source`` picks one per ``data_source`` and ``default_fn`` serves the rest. A sample whose
+    function raises, returns a non-number or runs past ``timeout_s`` scores ``fallback_score``.
+    """
+
+    default_fn: str = "exact_match"
+    fn_by_source: Mapping[str, str] = field(default_factory=FrozenMap)
+    timeout_s: float = _field(10.0, gt=0)
+    fallback_score: float = 0.0
+    num_workers: int = _field(2, ge=1)
+    kill_grace_s: float = _field(2.0, gt=0)
+    shaping: tuple[ShapingConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """The in-reward KL coefficient: ``fixed`` at ``kl_coef``, or ``adaptive`` towards ``target_kl``."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = _field(0.001, ge=0)
+    target_kl: float = _field(0.1, gt=0)
+    horizon: float = _field(10000.0, gt=0)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The advantage estimator and the KL penalty folded into the reward.
+
+    ``gamma``, ``lam`` and ``norm_by_std`` are passed to the estimator when it takes them (see
+    :meth:`advantage_params`). ``kl_penalty`` names the KL estimator of the in-reward penalty.
+    """
+
+    adv_estimator: str = "grpo"
+    gamma: float = _field(1.0, ge=0, le=1)
+    lam: float = _field(1.0, ge=0, le=1)
+    norm_by_std: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+    def advantage_params(self) -> dict[str, Any]:
+        """The estimator parameters that the chosen estimator accepts, as its keyword arguments."""
+        offered = {"gamma": self.gamma, "lam": self.lam, "norm_by_std": self.norm_by_std}
+        return _accepted_params(ADVANTAGE_ESTIMATORS.get(self.adv_estimator), offered, skip_positional=1)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """An extra resource pool for split placement."""
+
+    nodes: int = _field(1, ge=1)
+    slots_per_node: int = _field(1, ge=1)
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """Device slots and which role runs where.
+
+    The ``global`` pool has ``nodes * slots_per_node`` slots. Roles not named in ``placement`` run on it,
+    colocated in one process per slot; mapping a role to a pool from ``pools`` splits it off into
+    processes of its own.
+    """
+
+    nodes: int = _field(1, ge=1)
+    slots_per_node: int = _field(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_slot: float = _field(1.0, gt=0)
+    pools: Mapping[str, PoolConfig] = field(default_factory=FrozenMap)
+    placement: Mapping[str, str] = field(default_factory=FrozenMap)
+
+    def pool_of(self, role: str) -> str:
+        """Name of the pool that ``role`` runs on."""
+        return self.placement.get(role, GLOBAL_POOL)
+
+    def world_size_of(self, role: str) -> int:
+        """Number of ranks (slots) of the pool that ``role`` runs on."""
+        pool = self.pool_of(role)
+        if pool == GLOBAL_POOL:
+            return self.nodes * self.slots_per_node
+        return self.pools[pool].nodes * self.pools[pool].slots_per_node
+
+
+@dataclass(frozen=True)
+class ResharderConfig:
+    """Switching the weights between the training and inference layouts.
+
+    ``max_log_prob_gap`` (null = no check) fails a step whose rollout-vs-trainer log-prob gap
+    (``sync/log_prob_abs_diff_max``) exceeds it: a sign that the weight push went wrong.
+    """
+
+    bucket_bytes: int = _field(64 << 20, ge=1)
+    free_kv_cache: bool = True
+    max_log_prob_gap: float | None = _field(None, gt=0)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The run: its length, validation, checkpoints, logging and output folder.
+
+    ``total_steps`` (when set) overrides ``total_epochs``. ``val_every``/``save_every`` 0 means never.
+    ``resume`` is ``auto`` (latest checkpoint in ``checkpoint_dir`` if any), ``disable`` or a checkpoint
+    path.
+    """
+
+    total_epochs: int = _field(1, ge=1)
+    total_steps: int | None = _field(None, ge=1)
+    val_every: int = _field(0, ge=0)
+    val_before_train: bool = True
+    save_every: int = _field(0, ge=0)
+    checkpoint_dir: str = "${trainer.output_dir}/checkpoints"
+    resume: str = "auto"
+    loggers: tuple[LoggerName, ...] = ("console", "jsonl")
+    project: str = "hybridflow"
+    experiment: str = "default"
+    output_dir: str = "outputs/${trainer.project}/${trainer.experiment}"
+    wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig | None = None
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    resource: ResourceConfig = field(default_factory=ResourceConfig)
+    resharding: ResharderConfig = field(default_factory=ResharderConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run needs reference-policy log-probs."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+
+def _accepted_params(
+    fn: Callable[..., Any], offered: Mapping[str, Any], skip_positional: int
+) -> dict[str, Any]:
+    """The entries of ``offered`` that ``fn`` takes by keyword (all of them if it takes ``**kwargs``)."""
+    parameters = list(inspect.signature(fn).parameters.values())[skip_positional:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(offered)
+    names = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    return {key: value for key, value in offered.items() if key in names}
