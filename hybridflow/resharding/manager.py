@@ -1,0 +1,227 @@
+"""`ReshardingManager`: the only way a worker's weights change layout.
+
+Each worker process holds the policy twice in two layouts: the FSDP2 **training layout** (every
+rank holds a 1/world shard of every parameter, plus gradients and optimizer state) and the
+**inference layout** (the rollout engine's weights, tensor-parallel within its tp group, plus its KV
+cache). ``with manager:`` switches train -> inference on entry and back on exit::
+
+    with resharder:                     # train -> inference
+        rollouts = engine.generate(prompts, sampling)
+                                        # inference -> train
+
+**Train -> inference**, in the order that keeps memory lowest:
+
+1. drop gradients; offload optimizer state to host memory if asked;
+2. give the engine its memory back (``engine.resume()``: KV cache, weights where freed);
+3. stream the parameters: each one is all-gathered from its FSDP shards under its Hugging Face name,
+   grouped into buckets of at most ``bucket_bytes``, handed to ``engine.update_weights`` and freed.
+   No rank ever holds more than one bucket of gathered weights on top of the engine's own copy;
+4. offload the FSDP parameter shards to host memory if asked (after streaming, because the
+   all-gather runs on the training device).
+
+**Inference -> train**: ``engine.release()`` frees the KV cache (on CPU by shrinking its storages,
+since vLLM's sleep mode does nothing there), then optimizer state and parameter shards come back.
+
+The GPU path follows the same order: weights are woken before the KV cache is reallocated, so the
+largest allocation happens when the training state is already off the device. When the engine
+lives in another process, the bucket would be passed as CUDA IPC handles instead of tensors; the
+manager's contract (an iterator of named tensors per switch) stays the same.
+
+Every switch records a `SwitchReport`: seconds, bytes streamed, bytes freed or restored, and peak
+memory (RSS on CPU, allocated memory on GPU).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybridflow.parallel.offload import (
+    free_gradients,
+    load_fsdp_params,
+    load_optimizer_state,
+    offload_fsdp_params,
+    offload_optimizer_state,
+)
+from hybridflow.parallel.weights import iter_buckets, iter_full_state, tensor_bytes
+from hybridflow.resharding.memory import PeakMemoryTracker
+from hybridflow.rollout.base import RolloutEngine
+
+__all__ = ["ReshardingConfig", "ReshardingManager", "SwitchReport"]
+
+
+@dataclass(frozen=True)
+class ReshardingConfig:
+    """How the layouts switch.
+
+    Attributes:
+        bucket_bytes: most bytes of gathered full weights alive at once while streaming.
+        offload_optimizer: move optimizer state to host memory while in the inference layout.
+        offload_params: move the FSDP parameter shards to host memory while in the inference layout.
+        weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
+    """
+
+    bucket_bytes: int = 64 * 1024**2
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    weight_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes <= 0:
+            raise ValueError(f"resharding.bucket_bytes must be positive, got {self.bucket_bytes}")
+
+
+@dataclass(frozen=True)
+class SwitchReport:
+    """One layout switch, as measured on this rank.
+
+    Attributes:
+        direction: ``"to_inference"`` or ``"to_training"``.
+        seconds: wall time of the switch.
+        bytes_streamed: bytes of full weights handed to the engine.
+        largest_bucket_bytes: size of the largest bucket streamed.
+        engine_bytes: bytes the engine restored (to_inference) or freed (to_training).
+        offloaded_bytes: training-state bytes moved to host (to_inference) or back (to_training).
+        start_memory_bytes: memory at the start of the switch (RSS on CPU, allocated on GPU).
+        peak_memory_bytes: highest memory seen during the switch.
+        stream_extra_peak_bytes: how far memory rose above its level just before the weights
+            were streamed, while streaming: the cost of the transfer itself (gathered buckets and
+            any copy the engine makes), excluding the engine's own KV cache and weights.
+    """
+
+    direction: str
+    seconds: float
+    bytes_streamed: int
+    largest_bucket_bytes: int
+    engine_bytes: int
+    offloaded_bytes: int
+    start_memory_bytes: int
+    peak_memory_bytes: int
+    stream_extra_peak_bytes: int = 0
+
+    @property
+    def extra_peak_bytes(self) -> int:
+        return max(0, self.peak_memory_bytes - self.start_memory_bytes)
+
+    def metrics(self, prefix: str = "resharding") -> dict[str, float]:
+        return {
+            f"{prefix}/{self.direction}_s": self.seconds,
+            f"{prefix}/{self.direction}_streamed_mb": self.bytes_streamed / 2**20,
+            f"{prefix}/{self.direction}_extra_peak_mb": self.extra_peak_bytes / 2**20,
+            f"{prefix}/{self.direction}_stream_extra_peak_mb": self.stream_extra_peak_bytes / 2**20,
+        }
+
+
+class ReshardingManager:
+    """Switches one worker's policy between the training layout and an engine's inference layout.
+
+    Args:
+        model: the FSDP2-sharded training model (Hugging Face parameter names underneath).
+        engine: the rollout engine to feed; any `RolloutEngine` (vLLM, HF) works unchanged.
+        optimizer: the training optimizer, whose state may be offloaded while generating.
+        config: bucket size and offload choices.
+        device: the training device (where offloaded state returns).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        engine: RolloutEngine,
+        optimizer: torch.optim.Optimizer | None,
+        config: ReshardingConfig,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.optimizer = optimizer
+        self.config = config
+        self.device = device
+        self.layout = "training"
+        self.reports: list[SwitchReport] = []
+        self._tracker: PeakMemoryTracker | None = None
+        self._streamed = 0
+        self._largest_bucket = 0
+
+    def __enter__(self) -> RolloutEngine:
+        self.to_inference()
+        return self.engine
+
+    def __exit__(self, *exc: object) -> None:
+        self.to_training()
+
+    def to_inference(self) -> SwitchReport:
+        """Offload training state, wake the engine, and stream the current weights into it."""
+        if self.layout != "training":
+            raise RuntimeError(f"to_inference called in the {self.layout} layout")
+        start = time.perf_counter()
+        with PeakMemoryTracker(self.device) as tracker:
+            offloaded = free_gradients(self.model)
+            if self.config.offload_optimizer and self.optimizer is not None:
+                offloaded += offload_optimizer_state(self.optimizer).bytes_moved
+            engine_bytes = self.engine.resume()
+            self._streamed = self._largest_bucket = 0
+            tracker.sample()  # the streaming tracker restarts the GPU peak counter
+            with PeakMemoryTracker(self.device) as stream_tracker:
+                self._tracker = stream_tracker
+                self.engine.update_weights(self._stream_weights())
+            self._tracker = None
+            tracker.peak_bytes = max(tracker.peak_bytes, stream_tracker.peak_bytes)
+            if self.config.offload_params:
+                offloaded += offload_fsdp_params(self.model)[0].bytes_moved
+        report = SwitchReport(
+            "to_inference",
+            time.perf_counter() - start,
+            self._streamed,
+            self._largest_bucket,
+            engine_bytes,
+            offloaded,
+            tracker.start_bytes,
+            tracker.peak_bytes,
+            stream_tracker.extra_peak_bytes,
+        )
+        self.layout = "inference"
+        self.reports.append(report)
+        return report
+
+    def to_training(self) -> SwitchReport:
+        """Free the engine's cache and bring the training state back."""
+        if self.layout != "inference":
+            raise RuntimeError(f"to_training called in the {self.layout} layout")
+        start = time.perf_counter()
+        with PeakMemoryTracker(self.device) as tracker:
+            engine_bytes = self.engine.release()
+            restored = 0
+            if self.config.offload_params:
+                restored += load_fsdp_params(self.model, self.device).bytes_moved
+            if self.config.offload_optimizer and self.optimizer is not None:
+                restored += load_optimizer_state(self.optimizer, self.device).bytes_moved
+        report = SwitchReport(
+            "to_training",
+            time.perf_counter() - start,
+            0,
+            0,
+            engine_bytes,
+            restored,
+            tracker.start_bytes,
+            tracker.peak_bytes,
+        )
+        self.layout = "training"
+        self.reports.append(report)
+        return report
+
+    def _stream_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # The all-gather turns shards into full tensors one parameter at a time, in the same order
+        # on all ranks, so every rank must drain this iterator.
+        full_weights = iter_full_state(self.model, dtype=self.config.weight_dtype)
+        for bucket in iter_buckets(full_weights, self.config.bucket_bytes):
+            size = sum(tensor_bytes(t) for _, t in bucket)
+            self._streamed += size
+            self._largest_bucket = max(self._largest_bucket, size)
+            if self._tracker is not None:
+                self._tracker.sample()
+            yield from bucket
+            bucket.clear()

@@ -1,0 +1,76 @@
+"""Peak-memory measurement around a layout switch.
+
+On GPU the peak is the CUDA allocator's ``max_memory_allocated`` since the tracker started. On CPU
+there is no allocator counter, so a sampling thread reads the process's resident set size (RSS)
+every ``interval_s`` and the highest reading is the peak; callers also sample at the points where
+memory is known to be highest (a bucket gathered and not yet freed) with `PeakMemoryTracker.sample`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+__all__ = ["PeakMemoryTracker", "current_memory_bytes"]
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * _PAGE_BYTES
+
+
+def current_memory_bytes(device: torch.device) -> int:
+    """Allocated device memory on GPU, resident set size on CPU (bytes)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _rss_bytes()
+
+
+class PeakMemoryTracker:
+    """Context manager recording the start and peak memory (bytes) of the enclosed block."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.002) -> None:
+        self.device = device
+        self.interval_s = interval_s
+        self.start_bytes = 0
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        """Fold the memory seen so far into the peak (on GPU: the allocator's peak since reset)."""
+        if self.device.type == "cuda":
+            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
+        else:
+            self.peak_bytes = max(self.peak_bytes, _rss_bytes())
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> PeakMemoryTracker:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.start_bytes = self.peak_bytes = current_memory_bytes(self.device)
+        if self.device.type != "cuda":
+            self._thread = threading.Thread(target=self._poll, name="rss-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.sample()
+
+    @property
+    def extra_peak_bytes(self) -> int:
+        """How far above its starting level memory rose during the block."""
+        return max(0, self.peak_bytes - self.start_bytes)

@@ -1,0 +1,349 @@
+"""`ActorRolloutRefWorker`: policy training, generation and the reference policy in one process.
+
+Each rank holds:
+
+- the **actor**: the policy as an FSDP2 model over all ranks (the training layout), its AdamW
+  optimizer and learning-rate schedule;
+- the **rollout engine** (vLLM or HF), tensor-parallel within groups of ``rollout.tensor_parallel_size``
+  ranks (the inference layout);
+- the **reference policy**: a second FSDP2 model, frozen, optionally kept in host memory between uses.
+
+Generation always goes through the `ReshardingManager`, which streams the actor's current weights
+into the engine and gives the memory back afterwards. Two meshes are published to the controller:
+``"world"`` (training: dp over all ranks) and ``"infer"`` (generation: dp = world / tp).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from hybridflow.controller import DataParallel, Worker, register
+from hybridflow.models.io import load_causal_lm
+from hybridflow.parallel import (
+    TokenLogProbs,
+    build_meshes,
+    iter_full_state,
+    load_fsdp_params,
+    offload_fsdp_params,
+    packed_log_probs,
+    padded_log_probs,
+    reshard_all,
+    shard_model,
+)
+from hybridflow.protocol import Batch
+from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
+from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.factory import build_rollout_engine
+from hybridflow.rollout.sampling import SamplingParams
+from workers.config import ActorConfig, ModelConfig
+from workers.objective import ActorLoss, PolicyObjective
+from workers.training import (
+    build_lr_scheduler,
+    build_optimizer,
+    global_sum,
+    micro_batches,
+    mini_batches,
+    sequence_inputs,
+)
+
+__all__ = ["ActorRolloutRefWorker", "sequence_log_probs"]
+
+
+def sequence_log_probs(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    temperature: float,
+    use_packing: bool,
+    chunk_size: int | None,
+    with_entropy: bool,
+) -> TokenLogProbs:
+    """Log-probs (nats) of each response token, ``[batch, response_len]``, and optionally entropy.
+
+    ``log_softmax(logits / temperature)`` at the sampled token: the distribution the rollout engine
+    sampled from when top-k and top-p are off.
+    """
+    input_ids, attention_mask = sequence_inputs(batch)
+    forward = packed_log_probs if use_packing else padded_log_probs
+    out = forward(
+        model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+    )
+    return out.response(batch["responses"].shape[1])
+
+
+class ActorRolloutRefWorker(Worker):
+    """The policy in both layouts, plus the reference policy.
+
+    Args:
+        model: the policy's Hugging Face directory and precision.
+        actor: training settings (optimizer, batching, default loss).
+        rollout: engine settings.
+        resharding: bucket size and offload choices of the layout switch.
+        with_ref: also hold a frozen reference copy of the initial policy.
+        offload_ref: keep the reference model's shards in host memory between uses.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        actor: ActorConfig,
+        rollout: RolloutConfig,
+        resharding: ReshardingConfig,
+        with_ref: bool = True,
+        offload_ref: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model_config = model
+        self.actor_config = actor
+        self.rollout_config = rollout
+        self.resharding_config = resharding
+        self.with_ref = with_ref
+        self.offload_ref = offload_ref
+        self.meshes = build_meshes(self.world_size, rollout.tensor_parallel_size)
+        self.register_device_mesh("infer", self.meshes.infer, dp_dim="dp")
+        self.update_steps = 0
+
+    # ------------------------------------------------------------------ set-up
+
+    def _load_sharded(self, trainable: bool) -> nn.Module:
+        config = self.model_config
+        model = load_causal_lm(config.path, getattr(torch, config.dtype)).to(self.device)
+        model.requires_grad_(trainable)
+        mp_policy = None
+        if config.param_dtype is not None:
+            mp_policy = MixedPrecisionPolicy(param_dtype=getattr(torch, config.param_dtype), reduce_dtype=torch.float32)
+        return shard_model(
+            model,
+            self.meshes.train,
+            mp_policy=mp_policy,
+            activation_checkpointing=config.activation_checkpointing and trainable,
+        )
+
+    @register(dispatch="one_to_all")
+    def init_model(self) -> dict[str, float]:
+        """Load and shard the actor (and reference), build the optimizer and the rollout engine."""
+        start = time.perf_counter()
+        self.model = self._load_sharded(trainable=True)
+        self.optimizer = build_optimizer(self.model, self.actor_config.optim)
+        self.scheduler = build_lr_scheduler(self.optimizer, self.actor_config.optim)
+        self.ref_model = self._load_sharded(trainable=False) if self.with_ref else None
+        if self.ref_model is not None and self.offload_ref:
+            offload_fsdp_params(self.ref_model)
+        loaded = time.perf_counter()
+        self.engine = build_rollout_engine(self.rollout_config, self.model_config.path)
+        # The manager starts in the training layout: the engine's cache is given back until needed.
+        self.engine.release()
+        weight_dtype = getattr(torch, self.rollout_config.dtype)
+        if self.resharding_config.weight_dtype is None:
+            self.resharding_config = ReshardingConfig(
+                bucket_bytes=self.resharding_config.bucket_bytes,
+                offload_optimizer=self.resharding_config.offload_optimizer,
+                offload_params=self.resharding_config.offload_params,
+                weight_dtype=weight_dtype,
+            )
+        self.resharder = ReshardingManager(
+            self.model, self.engine, self.optimizer, self.resharding_config, self.device
+        )
+        return {"init/load_s": loaded - start, "init/engine_s": time.perf_counter() - loaded}
+
+    # ------------------------------------------------------------------ generation
+
+    @register(dispatch=DataParallel("infer"))
+    def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Sample ``sampling.n`` responses per prompt with the actor's current weights.
+
+        Input: ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded). Output: see
+        `RolloutEngine.generate`; ``meta`` carries the sampling temperature and the timing and peak
+        memory of both layout switches (as measured on this dp group's collecting rank).
+        """
+        start = time.perf_counter()
+        with self.resharder as engine:
+            generated = time.perf_counter()
+            rollouts = engine.generate(prompts, sampling)
+            generate_s = time.perf_counter() - generated
+        to_inference, to_training = self.resharder.reports[-2:]
+        rollouts.meta.update(
+            temperature=sampling.temperature,
+            rollout_metrics={
+                **to_inference.metrics(),
+                **to_training.metrics(),
+                "timing_s/generate": generate_s,
+                "timing_s/generate_with_resharding": time.perf_counter() - start,
+            },
+        )
+        return rollouts
+
+    # ------------------------------------------------------------------ log-probs
+
+    def _log_probs(self, model: nn.Module, batch: Batch, temperature: float, with_entropy: bool) -> TokenLogProbs:
+        config = self.actor_config
+        parts, restore = micro_batches(batch, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        outs = [
+            sequence_log_probs(
+                model,
+                part,
+                temperature=temperature,
+                use_packing=config.use_packing,
+                chunk_size=config.logit_chunk_size,
+                with_entropy=with_entropy,
+            )
+            for part in parts
+        ]
+        log_probs = torch.cat([o.log_probs for o in outs])[restore]
+        entropy = torch.cat([o.entropy for o in outs])[restore] if with_entropy else None
+        return TokenLogProbs(log_probs, entropy)
+
+    @register(dispatch=DataParallel())
+    def compute_log_prob(self, batch: Batch, with_entropy: bool = False) -> Batch:
+        """``old_log_probs [batch, response_len]`` (nats) under the current actor, in the training
+        layout; with ``with_entropy`` also ``entropy [batch, response_len]`` computed in logit chunks."""
+        with torch.no_grad():
+            out = self._log_probs(self.model, batch, batch.meta.get("temperature", 1.0), with_entropy)
+        reshard_all(self.model)
+        columns = {"old_log_probs": out.log_probs}
+        if out.entropy is not None:
+            columns["entropy"] = out.entropy
+        return Batch(columns)
+
+    @register(dispatch=DataParallel())
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy."""
+        if self.ref_model is None:
+            raise RuntimeError("this worker was built with with_ref=False")
+        if self.offload_ref:
+            load_fsdp_params(self.ref_model, self.device)
+        with torch.no_grad():
+            out = self._log_probs(self.ref_model, batch, batch.meta.get("temperature", 1.0), False)
+        reshard_all(self.ref_model)
+        if self.offload_ref:
+            offload_fsdp_params(self.ref_model)
+        return Batch({"ref_log_probs": out.log_probs})
+
+    # ------------------------------------------------------------------ training
+
+    @register(dispatch=DataParallel(allow_padding=False))
+    def update_actor(self, batch: Batch, loss_fn: ActorLoss | None = None) -> dict[str, float]:
+        """Train on one step's rollouts: ``epochs`` passes of mini-batches, each an optimizer step.
+
+        ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
+        ``old_log_probs``, ``advantages`` (and ``ref_log_probs`` for a KL loss). ``loss_fn``
+        defaults to the `PolicyObjective` of the actor config. Each micro-batch's loss is normalised
+        by the global mini-batch token and row counts, so the update does not depend on the
+        micro-batch size or the number of ranks. Returns metrics averaged over mini-batches.
+        """
+        config = self.actor_config
+        loss_fn = loss_fn or PolicyObjective(
+            config.policy_loss,
+            dict(config.policy_loss_params),
+            config.loss_agg_mode,
+            config.loss_norm_constant,
+            config.entropy_coef,
+            config.kl_loss_coef,
+            config.kl_estimator,
+        )
+        temperature = batch.meta.get("temperature", 1.0)
+        self.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        steps = 0
+        for epoch in range(config.epochs):
+            seed = config.seed + 1000 * self.update_steps + epoch
+            for mini in mini_batches(batch, config.mini_batch_size, self.world_size, config.shuffle, seed):
+                step_metrics = self._train_mini_batch(mini, loss_fn, temperature)
+                for key, value in step_metrics.items():
+                    totals[key] += value
+                steps += 1
+        self.update_steps += 1
+        reshard_all(self.model)
+        return {key: value / steps for key, value in totals.items()}
+
+    def _train_mini_batch(self, mini: Batch, loss_fn: ActorLoss, temperature: float) -> dict[str, float]:
+        config = self.actor_config
+        global_tokens = global_sum(mini["response_mask"].sum())
+        global_seqs = global_sum(len(mini))
+        parts, _ = micro_batches(mini, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        local: dict[str, float] = defaultdict(float)
+        for part in parts:
+            out = sequence_log_probs(
+                self.model,
+                part,
+                temperature=temperature,
+                use_packing=config.use_packing,
+                chunk_size=config.logit_chunk_size,
+                with_entropy=loss_fn.needs_entropy,
+            )
+            loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs)
+            # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
+            (loss * self.world_size).backward()
+            for key, value in metrics.items():
+                local[key] += value
+        max_norm = config.optim.grad_clip if config.optim.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics = {key: global_sum(value) for key, value in sorted(local.items())}
+        metrics.update({"actor/grad_norm": float(grad_norm), "actor/lr": lr})
+        return metrics
+
+    @register(dispatch="one_to_all")
+    def gather_full_state(self) -> dict[str, torch.Tensor] | None:
+        """The actor's full weights under Hugging Face names, on rank 0 (``None`` elsewhere).
+
+        A collective that gathers one parameter at a time; for inspection and small models.
+        """
+        full = {}
+        for name, tensor in iter_full_state(self.model):
+            if self.rank == 0:
+                full[name] = tensor.detach().cpu().clone()
+        return full if self.rank == 0 else None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @register(dispatch="one_to_all")
+    def save_checkpoint(self, directory: str, export_hf: bool = False) -> None:
+        """Write a distributed checkpoint (model + optimizer shards, schedule, step count) under
+        ``directory``; with ``export_hf`` also a Hugging Face model directory in ``directory/hf``."""
+        path = Path(directory)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / "dcp"))
+        if self.rank == 0:
+            state = {"scheduler": self.scheduler.state_dict(), "update_steps": self.update_steps}
+            torch.save(state, path / "actor_state.pt")
+        if export_hf:
+            self._export_hf(path / "hf")
+        dist.barrier()
+
+    @register(dispatch="one_to_all")
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore what `save_checkpoint` wrote (the model must be initialised first)."""
+        path = Path(directory)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        saved = torch.load(path / "actor_state.pt", weights_only=False)
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.update_steps = saved["update_steps"]
+
+    def _export_hf(self, target: Path) -> None:
+        full = self.gather_full_state()
+        if full is None:
+            return
+        source = self.model_config.path
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        model.load_state_dict(full)
+        target.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(target, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)

@@ -1,0 +1,138 @@
+"""Settings of the worker roles, as frozen dataclasses (the trainer's config sections use them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model a role loads.
+
+    Attributes:
+        path: a Hugging Face model directory (config, weights, tokenizer).
+        dtype: dtype of the FSDP2 master weights (``float32`` recommended; mixed precision is separate).
+        activation_checkpointing: recompute each decoder layer in backward instead of storing it.
+        param_dtype: compute dtype under FSDP2 mixed precision; ``None`` picks by device (bf16 on GPU,
+            fp32 on CPU, where bf16 measured slower).
+    """
+
+    path: str = ""
+    dtype: str = "float32"
+    activation_checkpointing: bool = False
+    param_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("dtype", "param_dtype"):
+            value = getattr(self, key)
+            if value is not None and value not in _DTYPES:
+                raise ValueError(f"model.{key} must be one of {_DTYPES}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule.
+
+    Attributes:
+        lr: peak learning rate.
+        weight_decay: AdamW decoupled weight decay.
+        betas: AdamW betas.
+        grad_clip: max global gradient norm; ``0`` disables clipping (the norm is still reported).
+        schedule: ``"constant"``, ``"linear"`` (decay to 0) or ``"cosine"`` (decay to ``min_lr_ratio``).
+        warmup_steps: optimizer steps of linear warm-up from 0.
+        total_steps: optimizer steps the schedule spans (for linear and cosine).
+        min_lr_ratio: the cosine schedule's floor, as a fraction of ``lr``.
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"optim.schedule must be constant, linear or cosine, got {self.schedule!r}")
+        if self.schedule != "constant" and self.total_steps <= 0:
+            raise ValueError(f"optim.total_steps must be > 0 for the {self.schedule} schedule")
+        object.__setattr__(self, "betas", tuple(self.betas))
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """How the actor trains.
+
+    Attributes:
+        optim: optimizer settings.
+        mini_batch_size: rows (samples, not prompts) per optimizer step, over all ranks.
+        micro_batch_size: rows per forward/backward on one rank (gradient accumulation in between);
+            ignored when ``max_tokens_per_micro_batch`` is set.
+        max_tokens_per_micro_batch: dynamic micro-batching: each micro-batch holds at most this many
+            valid tokens per rank.
+        epochs: passes over each step's rollouts.
+        shuffle: shuffle rows between mini-batches (seeded by ``seed``).
+        seed: seed of the shuffle.
+        use_packing: pack valid tokens into one row (no compute on padding).
+        logit_chunk_size: tokens whose logits exist at once in the log-prob head (bounds memory).
+        policy_loss: registered policy-loss name (``hybridflow.algos.POLICY_LOSSES``).
+        policy_loss_params: extra keyword arguments of the policy loss (e.g. clip ranges).
+        loss_agg_mode: registered aggregation mode.
+        loss_norm_constant: the constant of ``seq-mean-token-sum-norm`` (e.g. the max response length).
+        entropy_coef: weight of the entropy bonus.
+        kl_loss_coef: weight of a KL-to-reference term in the loss (0 disables it).
+        kl_estimator: registered KL estimator for the KL loss.
+    """
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mini_batch_size: int = 8
+    micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None
+    epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    use_packing: bool = True
+    logit_chunk_size: int | None = 1024
+    policy_loss: str = "ppo_clip"
+    policy_loss_params: dict[str, Any] = field(default_factory=dict)
+    loss_agg_mode: str = "token-mean"
+    loss_norm_constant: float | None = None
+    entropy_coef: float = 0.0
+    kl_loss_coef: float = 0.0
+    kl_estimator: str = "k3"
+
+    def __post_init__(self) -> None:
+        for key in ("mini_batch_size", "micro_batch_size", "epochs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """How the critic trains (value head on a causal-LM backbone).
+
+    Attributes:
+        model: the backbone.
+        optim: optimizer settings.
+        mini_batch_size, micro_batch_size, max_tokens_per_micro_batch, epochs, use_packing: as for
+            `ActorConfig`.
+        cliprange_value: clip range of the PPO clipped value loss.
+        loss_agg_mode: aggregation of the value loss.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mini_batch_size: int = 8
+    micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None
+    epochs: int = 1
+    use_packing: bool = True
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
