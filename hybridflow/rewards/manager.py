@@ -124,7 +124,7 @@ class RewardManager:
                 sources, batch["response_text"], batch["ground_truth"], extra_info, strict=True
             )
         ]
-        if self._pool is None:
+        if self._pool is None or self._pool.closed:
             self._pool = ScoringPool(
                 self._functions, self.config.num_workers, self.config.timeout_s, self.config.kill_grace_s
             )

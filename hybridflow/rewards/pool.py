@@ -92,6 +92,8 @@ def _describe(error: BaseException) -> str:
 
 def _score_one(fn: Callable[..., Any], payload: _Payload, timeout_s: float) -> tuple[str, float | None, str]:
     _, _, data_source, solution_str, ground_truth, extra_info = payload
+    # Set again for every sample: a reward function may have installed a handler of its own.
+    signal.signal(signal.SIGALRM, _on_alarm)
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
@@ -116,7 +118,6 @@ def _score_one(fn: Callable[..., Any], payload: _Payload, timeout_s: float) -> t
 def _worker_main(conn: Connection, functions: Mapping[str, Any], timeout_s: float) -> None:
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, _on_alarm)
     try:
         resolved = {key: resolve_reward_function(spec) for key, spec in functions.items()}
         for fn in resolved.values():
@@ -208,6 +209,10 @@ class ScoringPool:
             self._workers.append(_Worker(self._ctx, self._functions, timeout_s))
 
     @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
     def pids(self) -> list[int | None]:
         """Process ids of the current workers."""
         return [worker.process.pid for worker in self._workers]
@@ -219,7 +224,7 @@ class ScoringPool:
     def score(self, tasks: Sequence[ScoreTask]) -> list[ScoreOutcome]:
         """One outcome per task, in order. Never raises for a sample's failure; raises RuntimeError
         only when a worker cannot start at all."""
-        if not self._finalizer.alive:
+        if self.closed:
             raise RuntimeError("the scoring pool is closed")
         outcomes: list[ScoreOutcome | None] = [None] * len(tasks)
         payloads = [
@@ -229,12 +234,18 @@ class ScoringPool:
         size = max(1, math.ceil(len(payloads) / (4 * len(self._workers))))
         queue = deque(payloads[start : start + size] for start in range(0, len(payloads), size))
         left = len(payloads)
-        while left:
-            self._assign(queue)
-            wait(self._waitables(), timeout=self._seconds_to_next_deadline())
-            for slot in range(len(self._workers)):
-                left -= self._collect(slot, outcomes, queue)
-            left -= self._enforce_deadlines(outcomes, queue)
+        try:
+            while left:
+                self._assign(queue)
+                wait(self._waitables(), timeout=self._seconds_to_next_deadline())
+                for slot in range(len(self._workers)):
+                    left -= self._collect(slot, outcomes, queue)
+                left -= self._enforce_deadlines(outcomes, queue)
+        except BaseException:
+            # Interrupted (Ctrl-C, a startup failure): the workers may still owe results of this call,
+            # which a later call would take for its own. Only fresh workers are safe.
+            self.close()
+            raise
         return outcomes  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ event loop steps
@@ -271,7 +282,6 @@ class ScoringPool:
                 if message[0] == "ready":
                     worker.ready = True
                 elif message[0] == "init_error":
-                    self.close()
                     raise RuntimeError(f"a reward worker could not load the reward functions: {message[1]}")
                 else:
                     position, status, score, detail = message
@@ -287,7 +297,6 @@ class ScoringPool:
             return done
         exitcode = worker.process.exitcode
         if not worker.ready:
-            self.close()
             raise RuntimeError(f"a reward worker exited with code {exitcode} before it was ready")
         return done + self._replace(
             slot, outcomes, queue, "error", f"worker process died (exit code {exitcode})"
@@ -298,7 +307,6 @@ class ScoringPool:
         done = 0
         for slot, worker in enumerate(self._workers):
             if not worker.ready and now - worker.started > self.start_timeout_s:
-                self.close()
                 raise RuntimeError(f"a reward worker did not start within {self.start_timeout_s} s")
             if worker.deadline is not None and now >= worker.deadline:
                 detail = f"worker killed: no result within {self.kill_after_s:g} s"

@@ -1,6 +1,7 @@
 """RewardManager with real worker processes and reward functions that fail on purpose."""
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,30 @@ def test_worker_that_dies_costs_only_its_sample(manager):
     assert out["scores"].tolist() == [1.0, FALLBACK, 2.0, 3.0, 4.0]
     assert out.meta["reward_metrics"]["reward/errors"] == 1.0
     assert out.meta["reward_metrics"]["reward/worker_restarts"] == 1.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_call_leaves_no_stale_results_for_the_next(manager):
+    def interrupt(signum, frame):
+        raise Interrupted
+
+    manager(make_batch(["good"], ["0"]))  # workers up, so the interrupt lands mid-call
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # while a worker sits in the 1 s hang
+        with pytest.raises(Interrupted):
+            manager(make_batch(["hangs", "good", "good", "good"], ["1", "10", "20", "30"]))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # The hang still owed by the interrupted call would report while this call waits on its own
+    # hang; it must not be taken for this call's row 0.
+    out = manager(make_batch(["good", "good", "good", "hangs"], ["1", "2", "3", "4"]))
+    assert out["scores"].tolist() == [1.0, 2.0, 3.0, FALLBACK]
+    assert list(out["reward_status"]) == ["ok", "ok", "ok", "timeout"]
 
 
 def test_token_level_scores_sit_on_the_last_response_token(manager):
