@@ -1,0 +1,95 @@
+"""Tiny policies and hand-made training batches shared by the worker tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hybridflow.controller import ResourcePool, RoleSpec, create_colocated_worker_groups
+from hybridflow.data.char_tokenizer import build_char_tokenizer
+from hybridflow.models import build_tiny_causal_lm, save_model_dir
+from hybridflow.protocol import Batch
+from hybridflow.resharding.manager import ReshardingConfig
+from hybridflow.rollout.config import RolloutConfig
+from workers.actor import ActorRolloutRefWorker
+from workers.config import ActorConfig, ModelConfig, OptimConfig
+
+ALPHABET = "0123456789+-*=()abcdefghij"
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache"
+
+
+def write_policy(path: Path, **sizes: int) -> Path:
+    """A random Qwen2 over a character vocabulary, saved with its tokenizer."""
+    tokenizer = build_char_tokenizer(ALPHABET)
+    return save_model_dir(build_tiny_causal_lm(len(tokenizer), **sizes), tokenizer, path)
+
+
+def policy_bytes(path: Path) -> int:
+    from hybridflow.models.io import load_causal_lm
+
+    return sum(p.numel() * p.element_size() for p in load_causal_lm(path).parameters())
+
+
+def training_batch(rows: int, seed: int, prompt_len: int = 6, response_len: int = 10, vocab: int = 30) -> Batch:
+    """Left-padded prompts, right-padded responses of varied lengths, advantages and old log-probs."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(2, prompt_len + 1, (rows,), generator=generator)
+    response_lengths = torch.randint(1, response_len + 1, (rows,), generator=generator)
+    positions = torch.arange(prompt_len)
+    attention_mask = (positions >= prompt_len - prompt_lengths[:, None]).long()
+    response_mask = (torch.arange(response_len) < response_lengths[:, None]).long()
+    input_ids = torch.randint(4, vocab, (rows, prompt_len), generator=generator) * attention_mask
+    responses = torch.randint(4, vocab, (rows, response_len), generator=generator) * response_mask
+    advantages = torch.randn(rows, generator=generator)[:, None] * response_mask
+    # Old log-probs near typical values of a random 30-token model, so some ratios clip.
+    old_log_probs = (-3.4 + 0.3 * torch.randn(rows, response_len, generator=generator)) * response_mask
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "responses": responses,
+            "response_mask": response_mask,
+            "advantages": advantages,
+            "old_log_probs": old_log_probs,
+        },
+        meta={"temperature": 1.0},
+    )
+
+
+def actor_group(
+    model_dir: Path,
+    world_size: int,
+    actor: ActorConfig,
+    rollout: RolloutConfig | None = None,
+    resharding: ReshardingConfig | None = None,
+    name: str = "actor",
+):
+    """A started `ActorRolloutRefWorker` group on ``world_size`` CPU slots, and its pool."""
+    pool = ResourcePool([world_size], cpus_per_slot=0.5, name=name)
+    spec = RoleSpec(
+        ActorRolloutRefWorker,
+        (
+            ModelConfig(path=str(model_dir)),
+            actor,
+            rollout or RolloutConfig(name="hf"),
+            resharding or ReshardingConfig(bucket_bytes=1 << 16),
+        ),
+    )
+    group = create_colocated_worker_groups(pool, {"actor": spec}, name=name)["actor"]
+    group.init_model()
+    return group, pool
+
+
+def vllm_rollout(tp: int, **overrides) -> RolloutConfig:
+    return RolloutConfig(
+        name="vllm",
+        tensor_parallel_size=tp,
+        cache_dir=str(CACHE_DIR),
+        kv_cache_memory_bytes=32 << 20,
+        max_model_len=128,
+        **overrides,
+    )
+
+
+ADAM = OptimConfig(lr=1e-3, grad_clip=1.0)

@@ -1,0 +1,125 @@
+"""`update_actor` on FSDP2 over real Ray + gloo ranks, against a single-process reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hybridflow.models.io import load_causal_lm
+from hybridflow.protocol import Batch
+from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
+from workers.actor import sequence_log_probs
+from workers.config import ActorConfig
+from workers.objective import PolicyObjective
+
+ROWS = 8
+# fp32 sums in another order (per rank, per micro-batch, reduce-scatter) move the results by ~1e-7;
+# a wrong normaliser or a missed gradient moves them by ~lr = 1e-3.
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return write_policy(tmp_path_factory.mktemp("policy"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def objective():
+    return PolicyObjective("ppo_clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.28})
+
+
+def reference_step(policy_dir, batch: Batch, objective: PolicyObjective) -> dict[str, torch.Tensor]:
+    """The same update done in this process, on the full batch at once, without packing."""
+    model = load_causal_lm(policy_dir).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ADAM.lr, betas=ADAM.betas, weight_decay=ADAM.weight_decay)
+    out = sequence_log_probs(model, batch, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False)
+    mask = batch["response_mask"]
+    loss, _ = objective(out.log_probs, None, batch, float(mask.sum()), float(len(batch)))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), ADAM.grad_clip)
+    optimizer.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(actual: dict, expected: dict, atol: float) -> None:
+    assert actual.keys() == expected.keys()
+    worst = max((actual[k] - expected[k]).abs().max().item() for k in expected)
+    assert worst <= atol, f"largest parameter difference {worst:.3g} > {atol}"
+
+
+@pytest.fixture(scope="module")
+def updated(ray_cluster, policy_dir, objective):
+    """Parameters after one update on the same batch, for three layouts of the same step."""
+    batch = training_batch(ROWS, seed=0)
+    results = {}
+    for name, world, micro in [("w2_micro4", 2, 4), ("w2_micro1", 2, 1), ("w1_micro4", 1, 4)]:
+        config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=micro)
+        group, pool = actor_group(policy_dir, world, config, name=name)
+        metrics = group.update_actor(batch, objective)
+        results[name] = (group.gather_full_state()[0], metrics[0])
+        group.hosts.shutdown()
+        pool.release()
+    return batch, results
+
+
+def test_two_rank_fsdp_step_equals_single_process_step(updated, policy_dir, objective):
+    batch, results = updated
+    expected = reference_step(policy_dir, batch, objective)
+    start = {k: v for k, v in load_causal_lm(policy_dir).state_dict().items()}
+    moved = max((expected[k] - start[k]).abs().max().item() for k in start)
+    assert moved > 5e-4, "the reference step must move the weights for the comparison to mean anything"
+    assert_same_weights(results["w2_micro4"][0], expected, ATOL)
+
+
+def test_update_does_not_depend_on_micro_batch_or_world_size(updated):
+    _, results = updated
+    base, base_metrics = results["w2_micro4"]
+    assert_same_weights(results["w2_micro1"][0], base, ATOL)
+    assert_same_weights(results["w1_micro4"][0], base, ATOL)
+    for name in ("w2_micro1", "w1_micro4"):
+        metrics = results[name][1]
+        assert metrics["actor/pg_loss"] == pytest.approx(base_metrics["actor/pg_loss"], abs=1e-6)
+        assert metrics["actor/clip_frac"] == pytest.approx(base_metrics["actor/clip_frac"], abs=1e-6)
+
+
+def test_uneven_batch_is_refused_for_training(ray_cluster, policy_dir):
+    config = ActorConfig(optim=ADAM, mini_batch_size=2, micro_batch_size=1)
+    group, pool = actor_group(policy_dir, 2, config, name="uneven")
+    try:
+        with pytest.raises(ValueError, match="does not split evenly over 2"):
+            group.update_actor(training_batch(3, seed=1))
+    finally:
+        group.hosts.shutdown()
+        pool.release()
+
+
+def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp_path):
+    config = ActorConfig(optim=ADAM, mini_batch_size=4, micro_batch_size=2)
+    first, second = training_batch(ROWS, seed=10), training_batch(ROWS, seed=11)
+    group, pool = actor_group(policy_dir, 2, config, name="ckpt")
+    group.update_actor(first, objective)
+    group.save_checkpoint(str(tmp_path), export_hf=True)
+    at_save = group.gather_full_state()[0]
+    uninterrupted_metrics = group.update_actor(second, objective)[0]
+    uninterrupted = group.gather_full_state()[0]
+    group.hosts.shutdown()
+    pool.release()
+
+    resumed, pool = actor_group(policy_dir, 2, config, name="resumed")
+    try:
+        resumed.load_checkpoint(str(tmp_path))
+        resumed_metrics = resumed.update_actor(second, objective)[0]
+        assert_same_weights(resumed.gather_full_state()[0], uninterrupted, 0.0)
+        assert resumed_metrics == uninterrupted_metrics
+    finally:
+        resumed.hosts.shutdown()
+        pool.release()
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    reference = load_causal_lm(policy_dir)
+    reference.load_state_dict(at_save)
+    ids = first["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, reference(ids).logits, rtol=0, atol=0)
+        assert not torch.equal(load_causal_lm(policy_dir)(ids).logits, reference(ids).logits)
