@@ -14,7 +14,9 @@ from trainer.config import (
     CONFIG_DIR,
     ConfigError,
     CriticConfig,
+    PoolConfig,
     RunConfig,
+    ShapingConfig,
     config_from_dict,
     config_to_dict,
     derive_sizes,
@@ -385,30 +387,44 @@ def test_algorithm_params_follow_the_chosen_function(data_files):
 # ------------------------------------------------------------------------------------ docs
 
 
-def _leaf_keys(cls: type, prefix: str) -> list[str]:
-    keys = []
+def _leaf_defaults(cls: type, prefix: str) -> dict[str, object]:
+    """Every leaf key under ``prefix`` with its default, as plain data."""
+    out: dict[str, object] = {}
     for spec in dataclasses.fields(cls):
-        name = spec.name
-        key = f"{prefix}.{name}" if prefix else name
+        key = f"{prefix}.{spec.name}" if prefix else spec.name
         default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
         if dataclasses.is_dataclass(default):
-            keys.extend(_leaf_keys(type(default), key))
+            out.update(_leaf_defaults(type(default), key))
         else:
-            keys.append(key)
-    return keys
+            out[key] = config_to_dict(default)
+    return out
 
 
-def test_docs_describe_every_key():
-    text = (REPO_ROOT / "docs" / "config.md").read_text()
-    documented = set(re.findall(r"`([a-z_]+(?:\.[a-z_<>\[\]]+)+)`", text))
-    keys = _leaf_keys(RunConfig, "")
-    keys.remove("critic")
-    keys += [f"critic.{key}" for key in _leaf_keys(CriticConfig, "")]
-    keys += [
-        "reward.shaping[].name",
-        "reward.shaping[].kwargs",
-        "resource.pools.<name>.nodes",
-        "resource.pools.<name>.slots_per_node",
-    ]
-    missing = sorted(set(keys) - documented)
+def _documented_defaults(text: str) -> dict[str, object]:
+    """``key -> default`` from the tables of docs/config.md, parsed as an override value would be."""
+    from omegaconf import OmegaConf
+
+    def parse(raw: str) -> object:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+
+    out: dict[str, object] = {}
+    for key, raw in re.findall(r"^\| `([\w.<>\[\]]+)` \| `([^`]*)` \|", text, flags=re.MULTILINE):
+        out[key] = parse(raw)
+    shared = r"^\| `(actor\.\w+)` / `(critic\.\w+)` \| `([^`]*)`(?: / `([^`]*)`)? \|"
+    for actor_key, critic_key, actor_raw, critic_raw in re.findall(shared, text, flags=re.MULTILINE):
+        out[actor_key] = parse(actor_raw)
+        out[critic_key] = parse(critic_raw or actor_raw)
+    return out
+
+
+def test_docs_give_every_key_with_its_default():
+    documented = _documented_defaults((REPO_ROOT / "docs" / "config.md").read_text())
+    defaults = _leaf_defaults(RunConfig, "")
+    del defaults["critic"]
+    defaults.update(_leaf_defaults(CriticConfig, "critic"))
+    defaults.update(_leaf_defaults(ShapingConfig, "reward.shaping[]"))
+    defaults.update(_leaf_defaults(PoolConfig, "resource.pools.<name>"))
+    missing = sorted(set(defaults) - set(documented))
     assert not missing, f"docs/config.md lacks {missing}"
+    wrong = {key: (documented[key], value) for key, value in defaults.items() if documented[key] != value}
+    assert not wrong, f"docs/config.md gives wrong defaults (documented, actual): {wrong}"

@@ -52,9 +52,6 @@ def _field(default: Any, *, ge: float | None = None, gt: float | None = None, le
     return field(default=default, metadata={"bounds": bounds})
 
 
-# --------------------------------------------------------------------------------------------- schema
-
-
 @dataclass(frozen=True)
 class TinyModelConfig:
     """A randomly initialised Qwen2 built by ``hybridflow.models.build_tiny_causal_lm`` (``model.path`` unset).
