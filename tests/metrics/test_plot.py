@@ -11,7 +11,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def run_file(tmp_path):
+def run_file(tmp_path, monkeypatch):
+    # matplotlib keeps its font cache under the home directory unless told otherwise; leave no trace.
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     pytest.importorskip("matplotlib")
     path = tmp_path / "metrics.jsonl"
     with JsonlLogger(path) as logger:
