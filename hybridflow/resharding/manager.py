@@ -48,7 +48,7 @@ from hybridflow.parallel.offload import (
     offload_optimizer_state,
 )
 from hybridflow.parallel.weights import iter_buckets, iter_full_state, tensor_bytes
-from hybridflow.resharding.memory import PeakMemoryTracker
+from hybridflow.resharding.memory import PeakMemoryTracker, return_freed_host_memory
 from hybridflow.rollout.base import RolloutEngine
 
 __all__ = ["ReshardingConfig", "ReshardingManager", "SwitchReport"]
@@ -225,3 +225,5 @@ class ReshardingManager:
                 self._tracker.sample()
             yield from bucket
             bucket.clear()
+            if self.device.type == "cpu":
+                return_freed_host_memory()

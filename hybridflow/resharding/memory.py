@@ -8,14 +8,30 @@ memory is known to be highest (a bucket gathered and not yet freed) with `PeakMe
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import threading
 
 import torch
 
-__all__ = ["PeakMemoryTracker", "current_memory_bytes"]
+__all__ = ["PeakMemoryTracker", "current_memory_bytes", "return_freed_host_memory"]
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+_LIBC_NAME = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
+
+
+def return_freed_host_memory() -> None:
+    """Hand memory that was freed back to the operating system (glibc's ``malloc_trim``).
+
+    glibc keeps freed blocks of its heap for reuse, so host memory freed after each streamed bucket
+    would still count as resident and pile up across buckets. Trimming keeps the process's real
+    footprint at what is alive. A no-op where the C library has no ``malloc_trim``.
+    """
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _rss_bytes() -> int:
