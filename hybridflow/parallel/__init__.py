@@ -23,9 +23,15 @@ from hybridflow.parallel.offload import (
     offload_optimizer_state,
 )
 from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.varlen_attention import (
+    VARLEN_SDPA,
+    training_attn_implementation,
+    varlen_sdpa_attention,
+)
 from hybridflow.parallel.weights import hf_param_name, iter_buckets, iter_full_state
 
 __all__ = [
+    "VARLEN_SDPA",
     "DpRankInfo",
     "MicroBatchPlan",
     "PackedSequences",
@@ -57,5 +63,7 @@ __all__ = [
     "reshard_all",
     "shard_model",
     "token_log_probs",
+    "training_attn_implementation",
     "unpack_tokens",
+    "varlen_sdpa_attention",
 ]

@@ -66,6 +66,10 @@ def token_log_probs(
     pieces = []
     for start in range(0, tokens, step):
         args = (hidden[start : start + step], labels[start : start + step], head, temperature, with_entropy)
-        pieces.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute else _chunk_stats(*args))
-    stats = torch.cat(pieces) if pieces else hidden.new_zeros((0, 2 if with_entropy else 1), dtype=torch.float32)
+        pieces.append(
+            checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute else _chunk_stats(*args)
+        )
+    stats = (
+        torch.cat(pieces) if pieces else hidden.new_zeros((0, 2 if with_entropy else 1), dtype=torch.float32)
+    )
     return stats[:, 0], (stats[:, 1] if with_entropy else None)

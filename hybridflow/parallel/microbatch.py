@@ -56,7 +56,9 @@ def plan_micro_batches(
     keeps every micro-batch at or under ``max_tokens`` tokens. Rows within a micro-batch keep their
     batch order. Raises ``ValueError`` if one row alone exceeds the budget.
     """
-    counts = [int(c) for c in (token_counts.tolist() if isinstance(token_counts, torch.Tensor) else token_counts)]
+    counts = [
+        int(c) for c in (token_counts.tolist() if isinstance(token_counts, torch.Tensor) else token_counts)
+    ]
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
     if not counts:

@@ -1,13 +1,17 @@
 """Training-layout forward of an HF causal LM that returns per-token log-probs, packed or padded.
 
-How packing reaches the attention kernel (transformers 5.x, Qwen2 and other models built on
-``masking_utils``): the packed row is passed with ``attention_mask=None`` and ``position_ids`` that
-restart at 0 for each sequence.
+How packing reaches the attention kernel (transformers 5.x; Qwen2 and the other models whose masks come
+from ``masking_utils``). The packed row always carries ``position_ids`` that restart at 0 for each
+sequence (RoPE positions); what tells attention where sequences end depends on the implementation:
 
-* sdpa / eager / flex (CPU or GPU): ``create_causal_mask`` detects the restarts in ``position_ids`` and
-  builds a block-diagonal causal mask, so each token attends only to earlier tokens of its own sequence.
-* flash-attention (GPU): the varlen kernel is called with ``cu_seq_lens_q/k`` and ``max_length_q/k``,
-  passed explicitly so transformers does not have to infer them from ``position_ids`` on every layer.
+* ``flash_attention_2/3`` (GPU): ``attention_mask=None`` and the varlen kwargs ``cu_seq_lens_q/k``,
+  ``max_length_q/k``, passed explicitly so transformers does not re-derive them from ``position_ids``.
+* ``hybridflow_varlen_sdpa`` (CPU default for training, see ``varlen_attention``): the same varlen
+  kwargs, and an all-ones 2-d mask so that transformers builds no mask at all; one causal SDPA per
+  sequence.
+* ``sdpa`` / ``eager`` / ``flex_attention``: ``attention_mask=None``; ``create_causal_mask`` detects the
+  restarts in ``position_ids`` and builds a block-diagonal causal mask over the whole packed row
+  (correct, but ``total_tokens^2`` scores and memory).
 
 The lm_head is run by :func:`hybridflow.parallel.logprobs.token_log_probs` inside the model's own forward
 (the head's ``forward`` is swapped for the duration of the call): under FSDP2 the head's weight is
@@ -24,7 +28,8 @@ import torch
 from torch import nn
 
 from hybridflow.parallel.logprobs import token_log_probs
-from hybridflow.parallel.packing import pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.varlen_attention import VARLEN_SDPA
 
 # Config keys of models that transform logits after the lm_head; the fused head would skip that step.
 _LOGIT_POSTPROCESSING_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -70,7 +75,12 @@ def _head_scores_labels(
     def scores(hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1])
         log_probs, entropy = token_log_probs(
-            flat, head_forward, labels, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+            flat,
+            head_forward,
+            labels,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
         )
         stats = log_probs.unsqueeze(-1) if entropy is None else torch.stack((log_probs, entropy), -1)
         # A copy, not a view: FSDP2 hooks the root's outputs for backward and warns that in-place ops on
@@ -84,8 +94,21 @@ def _head_scores_labels(
         del head.forward
 
 
-def _uses_flash_attention(model: nn.Module) -> bool:
-    return "flash" in str(getattr(model.config, "_attn_implementation", ""))
+def _packing_kwargs(model: nn.Module, packed: PackedSequences) -> dict:
+    """Model kwargs that make attention respect the sequence boundaries of ``packed``."""
+    impl = str(getattr(model.config, "_attn_implementation", ""))
+    kwargs: dict = {"position_ids": packed.position_ids, "attention_mask": None}
+    if "flash" in impl or impl == VARLEN_SDPA:
+        kwargs.update(
+            cu_seq_lens_q=packed.cu_seqlens,
+            cu_seq_lens_k=packed.cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+        )
+    if impl == VARLEN_SDPA:
+        # No padding in the row: transformers then skips mask construction (the varlen kwargs mask).
+        kwargs["attention_mask"] = torch.ones_like(packed.input_ids)
+    return kwargs
 
 
 def _split_stats(stats: torch.Tensor, with_entropy: bool) -> TokenLogProbs:
@@ -110,16 +133,9 @@ def packed_log_probs(
     # Token j's distribution scores token j + 1; at a sequence's last token that would be the next
     # sequence's first token, and those entries are dropped below.
     labels = torch.roll(packed.input_ids, shifts=-1, dims=1).flatten()
-    kwargs: dict = {"position_ids": packed.position_ids}
-    if _uses_flash_attention(model):
-        kwargs.update(
-            cu_seq_lens_q=packed.cu_seqlens,
-            cu_seq_lens_k=packed.cu_seqlens,
-            max_length_q=packed.max_seqlen,
-            max_length_k=packed.max_seqlen,
-        )
+    kwargs = _packing_kwargs(model, packed)
     with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
-        stats = model(input_ids=packed.input_ids, attention_mask=None, use_cache=False, **kwargs).logits[0]
+        stats = model(input_ids=packed.input_ids, use_cache=False, **kwargs).logits[0]
     # Move each score from the predicting token to the predicted one; sequence starts predict nothing.
     starts = packed.position_ids[0] == 0
     stats = torch.cat((stats.new_zeros(1, stats.shape[-1]), stats[:-1]))

@@ -54,7 +54,9 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Pac
     tokens of a row are taken in order, wherever they are.
     """
     if input_ids.shape != attention_mask.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)}"
+        )
     batch_size, seq_len = input_ids.shape
     mask = attention_mask.bool()
     indices = mask.flatten().nonzero().squeeze(1)

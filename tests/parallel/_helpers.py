@@ -54,7 +54,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable[..., None], args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
     # Two processes on two cores: one thread each, or they fight over the cores.
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridflow.parallel import (
+    VARLEN_SDPA,
     pack_sequences,
     packed_log_probs,
     padded_log_probs,
@@ -43,7 +44,7 @@ def test_pack_unpack_roundtrip_and_positions():
     assert torch.equal(restored, input_ids.masked_fill(mask == 0, -1))
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", [VARLEN_SDPA, "sdpa", "eager"])
 @pytest.mark.parametrize("left", [True, False], ids=["left_padded", "right_padded"])
 def test_packed_equals_padded_and_alone(attn, left):
     model = tiny_qwen2(attn=attn).eval()
