@@ -187,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _log_probs(self, model: nn.Module, batch: Batch, temperature: float, with_entropy: bool) -> TokenLogProbs:
         config = self.actor_config
-        parts, restore = micro_batches(batch, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        parts, restore = micro_batches(batch, config.forward_micro_batch_size, config.max_tokens_per_micro_batch)
         outs = [
             sequence_log_probs(
                 model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig"]
+__all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig", "RewardModelConfig"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -75,6 +75,7 @@ class ActorConfig:
         mini_batch_size: rows (samples, not prompts) per optimizer step, over all ranks.
         micro_batch_size: rows per forward/backward on one rank (gradient accumulation in between);
             ignored when ``max_tokens_per_micro_batch`` is set.
+        forward_micro_batch_size: rows per no-grad forward on one rank (log-probs).
         max_tokens_per_micro_batch: dynamic micro-batching: each micro-batch holds at most this many
             valid tokens per rank.
         epochs: passes over each step's rollouts.
@@ -94,6 +95,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     mini_batch_size: int = 8
     micro_batch_size: int = 4
+    forward_micro_batch_size: int = 8
     max_tokens_per_micro_batch: int | None = None
     epochs: int = 1
     shuffle: bool = False
@@ -109,30 +111,76 @@ class ActorConfig:
     kl_estimator: str = "k3"
 
     def __post_init__(self) -> None:
-        for key in ("mini_batch_size", "micro_batch_size", "epochs"):
+        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
 class CriticConfig:
-    """How the critic trains (value head on a causal-LM backbone).
+    """How the critic trains (a value head on a causal-LM backbone).
 
     Attributes:
-        model: the backbone.
+        model: the backbone (a causal-LM directory; its ``lm_head`` is not loaded).
         optim: optimizer settings.
-        mini_batch_size, micro_batch_size, max_tokens_per_micro_batch, epochs, use_packing: as for
-            `ActorConfig`.
-        cliprange_value: clip range of the PPO clipped value loss.
-        loss_agg_mode: aggregation of the value loss.
+        mini_batch_size, micro_batch_size, max_tokens_per_micro_batch, epochs, shuffle, use_packing:
+            as for `ActorConfig`.
+        forward_micro_batch_size: rows per no-grad forward on one rank (``compute_values``); ignored
+            when ``max_tokens_per_micro_batch`` is set.
+        seed: seed of the shuffle and of the value head's initial weights (the same on every rank).
+        cliprange_value: clip range of the PPO clipped value loss, in the unit of the returns;
+            ``None`` gives the plain squared error.
+        loss_agg_mode: registered aggregation of the value loss.
+        loss_norm_constant: the constant of ``seq-mean-token-sum-norm``.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     mini_batch_size: int = 8
     micro_batch_size: int = 4
+    forward_micro_batch_size: int = 8
     max_tokens_per_micro_batch: int | None = None
     epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
     use_packing: bool = True
-    cliprange_value: float = 0.5
+    cliprange_value: float | None = 0.5
     loss_agg_mode: str = "token-mean"
+    loss_norm_constant: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"critic.{key} must be >= 1, got {getattr(self, key)}")
+        if self.cliprange_value is not None and self.cliprange_value <= 0:
+            raise ValueError(f"critic.cliprange_value must be > 0 or None, got {self.cliprange_value}")
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """How the reward model scores (inference only).
+
+    Attributes:
+        model: a sequence-classification directory with one label (e.g. ``Qwen2ForSequenceClassification``).
+        micro_batch_size: rows per forward on one rank; ignored when ``max_tokens_per_micro_batch`` is set.
+        max_tokens_per_micro_batch: dynamic micro-batching by valid tokens per rank.
+        use_packing: pack valid tokens into one row (no compute on padding).
+        tokenizer_path: the reward model's tokenizer directory. ``None`` scores the policy's token ids
+            as they are (the two models share a vocabulary). Set, the batch must carry the text
+            columns below, and prompt + response are re-tokenised with this tokenizer.
+        prompt_column: non-tensor column with each prompt: a string, or chat messages rendered with
+            the tokenizer's chat template.
+        response_column: non-tensor column with each decoded response (str).
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int | None = None
+    use_packing: bool = True
+    tokenizer_path: str | None = None
+    prompt_column: str = "raw_prompt"
+    response_column: str = "response_text"
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"reward_model.micro_batch_size must be >= 1, got {self.micro_batch_size}")

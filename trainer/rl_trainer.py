@@ -1,0 +1,288 @@
+"""`RLTrainer`: PPO and GRPO as one dataflow program over the worker groups.
+
+One step, in the order the data flows (the controller only moves Batches; weights stay on workers)::
+
+    prompts   = next(data)                                   # [B] prompts
+    rollouts  = actor.generate_sequences(prompts, sampling)  # [B*n] rows, inference layout
+    rollouts |= reward(rollouts)                             # scores, on the controller's pool
+    rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout
+    rollouts |= ref.compute_ref_log_prob(rollouts)           # if a KL term is used
+    rollouts |= critic.compute_values(rollouts)              # PPO only
+    rollouts |= kl_in_reward(rollouts) ; advantages(...)     # pure functions here
+    critic.update_critic(rollouts)                           # PPO only
+    actor.update_actor(rollouts)
+
+A recipe can drive the same pieces itself; `RLTrainer.train_step` is this loop's body.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridflow.algos import build_kl_controller
+from hybridflow.controller import RayWorkerGroup
+from hybridflow.data import PromptDataset, PromptLoader
+from hybridflow.metrics import PhaseTimer, create_logger, step_metrics, throughput_metrics
+from hybridflow.protocol import Batch
+from hybridflow.rewards import RewardManager
+from hybridflow.rollout.sampling import SamplingParams
+from trainer.config import RunConfig, config_to_dict, derive_sizes
+from trainer.model_setup import load_tokenizer, prepare_model_dir
+from trainer.roles import build_pools, build_worker_groups, reward_settings
+from trainer.steps import add_group_ids, compute_advantages, decode_responses, kl_in_reward
+
+__all__ = ["RLTrainer"]
+
+log = logging.getLogger(__name__)
+
+_TRAINING_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+_STATE_FILE = "trainer_state.pt"
+
+
+class RLTrainer:
+    """Runs a PPO/GRPO config: builds the data, the worker groups and the reward manager, then
+    loops `train_step`, validating, logging and checkpointing as configured.
+
+    Use as a context manager (or call `close`) so worker processes and reward workers stop.
+    """
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.sizes = derive_sizes(config)
+        self.output_dir = Path(config.trainer.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir = prepare_model_dir(config, self.output_dir)
+        self.tokenizer = load_tokenizer(config, self.model_dir)
+        data = config.data
+        self.train_data = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length)
+        self.val_data = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length) if data.val_files else None
+        self.loader = PromptLoader(
+            self.train_data, data.train_batch_size, self.tokenizer.pad_token_id, seed=data.seed, shuffle=data.shuffle
+        )
+        steps_per_epoch = len(self.loader)
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"data.train_batch_size={data.train_batch_size} exceeds the {len(self.train_data)} training prompts"
+            )
+        self.total_steps = config.trainer.total_steps or config.trainer.total_epochs * steps_per_epoch
+        self.pools = build_pools(config)
+        self.groups = build_worker_groups(config, self.sizes, self.total_steps, self.model_dir, self.pools)
+        self.actor: RayWorkerGroup = self.groups["actor_rollout"]
+        self.reward = RewardManager(reward_settings(config))
+        kl = config.algorithm.kl_ctrl
+        self.kl_ctrl = (
+            build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+            if config.algorithm.use_kl_in_reward
+            else None
+        )
+        self.timer = PhaseTimer()
+        self.step = 0
+        self.logger = create_logger(
+            config.trainer.loggers,
+            output_dir=self.output_dir,
+            total_steps=self.total_steps,
+            project=config.trainer.project,
+            experiment=config.trainer.experiment,
+            config=config_to_dict(config),
+            wandb_mode=config.trainer.wandb_mode,
+        )
+        self._prompts = self._prompt_stream()
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last validation metrics (empty without validation)."""
+        self._maybe_resume()
+        trainer = self.config.trainer
+        last_val: dict[str, float] = {}
+        if self.val_data is not None and trainer.val_before_train and self.step == 0:
+            last_val = self.validate()
+            self.logger.log(last_val, 0)
+        while self.step < self.total_steps:
+            self.step += 1
+            metrics = self.train_step(next(self._prompts))
+            if self.val_data is not None and trainer.val_every and (
+                self.step % trainer.val_every == 0 or self.step == self.total_steps
+            ):
+                last_val = self.validate()
+                metrics.update(last_val)
+            self.logger.log(metrics, self.step)
+            if trainer.save_every and (self.step % trainer.save_every == 0 or self.step == self.total_steps):
+                self.save_checkpoint()
+        return last_val
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        """One step of the algorithm on ``prompts``; returns the step's metrics."""
+        config = self.config
+        timer = self.timer
+        with timer.step():
+            with timer.phase("generation"):
+                rollouts = self.actor.generate_sequences(prompts, self._sampling())
+            rollout_metrics = rollouts.meta.pop("rollout_metrics")
+            rollouts = rollouts | add_group_ids(rollouts, config.rollout.n) | decode_responses(rollouts, self.tokenizer)
+            with timer.phase("reward"):
+                scored = self.reward(rollouts)
+            reward_metrics = scored.meta.pop("reward_metrics")
+            rollouts = rollouts | scored.select("scores", "token_level_scores", meta=False)
+            with timer.phase("log_prob"):
+                rollouts = rollouts | self.actor.compute_log_prob(rollouts.select(*_TRAINING_COLUMNS))
+            if config.needs_reference:
+                with timer.phase("ref"):
+                    rollouts = rollouts | self.actor.compute_ref_log_prob(rollouts.select(*_TRAINING_COLUMNS))
+            kl_metrics = {}
+            with timer.phase("advantage"):
+                if self.kl_ctrl is not None:
+                    rewards, mean_kl = kl_in_reward(rollouts, config.algorithm.kl_penalty, self.kl_ctrl.value)
+                    rollouts = rollouts | rewards
+                    kl_metrics = {"kl/in_reward": mean_kl, "kl/coef": self.kl_ctrl.value}
+                    self.kl_ctrl.update(mean_kl, len(rollouts))
+                rollouts = rollouts | compute_advantages(rollouts, config.algorithm)
+            with timer.phase("update"):
+                columns = [*_TRAINING_COLUMNS, "old_log_probs", "advantages"]
+                if config.actor.use_kl_loss:
+                    columns.append("ref_log_probs")
+                actor_metrics = self.actor.update_actor(rollouts.select(*columns))[0]
+        metrics = {
+            **step_metrics(rollouts),
+            **actor_metrics,
+            **kl_metrics,
+            **rollout_metrics,
+            **reward_metrics,
+            **timer.metrics(),
+            **self._throughput(rollouts),
+        }
+        self._check_sync(metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (by default) answers to every validation prompt: accuracy, mean score, length."""
+        assert self.val_data is not None
+        val = self.config.rollout.val_sampling
+        sampling = SamplingParams(
+            n=val.n,
+            temperature=val.temperature,
+            top_p=val.top_p,
+            top_k=val.top_k,
+            max_new_tokens=self.config.data.max_response_length,
+            seed=self.config.rollout.seed,
+        )
+        loader = PromptLoader(
+            self.val_data, self.config.data.val_batch_size, self.tokenizer.pad_token_id, shuffle=False, drop_last=False
+        )
+        scores, lengths = [], []
+        for prompts in loader:
+            rollouts = self.actor.generate_sequences(prompts, sampling)
+            rollouts = rollouts | decode_responses(rollouts, self.tokenizer)
+            scores.append(self.reward(rollouts)["scores"])
+            lengths.append(rollouts["response_lengths"].float())
+        score = torch.cat(scores)
+        return {
+            "val/accuracy": (score >= 1.0).float().mean().item(),
+            "val/score_mean": score.mean().item(),
+            "val/response_length_mean": torch.cat(lengths).mean().item(),
+            "val/samples": float(len(score)),
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint_dir/step_{k}``: the actor's distributed checkpoint, then the
+        controller's state (data position, KL coefficient) last, which marks it complete."""
+        path = Path(self.config.trainer.checkpoint_dir) / f"step_{self.step}"
+        path.mkdir(parents=True, exist_ok=True)
+        self.actor.save_checkpoint(str(path / "actor"))
+        state = {
+            "step": self.step,
+            "loader": self.loader.state_dict(),
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+        }
+        torch.save(state, path / _STATE_FILE)
+        return path
+
+    def _maybe_resume(self) -> None:
+        resume = self.config.trainer.resume
+        if resume == "disable":
+            return
+        path = self._latest_checkpoint() if resume == "auto" else Path(resume)
+        if path is None:
+            return
+        if not (path / _STATE_FILE).exists():
+            raise FileNotFoundError(f"trainer.resume: {path} holds no complete checkpoint ({_STATE_FILE} missing)")
+        state = torch.load(path / _STATE_FILE, weights_only=False)
+        self.actor.load_checkpoint(str(path / "actor"))
+        self.loader.load_state_dict(state["loader"])
+        self._prompts = self._prompt_stream()
+        if self.kl_ctrl is not None and state["kl_coef"] is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        self.step = state["step"]
+        log.warning("resumed from %s at step %d", path, self.step)
+
+    def _latest_checkpoint(self) -> Path | None:
+        root = Path(self.config.trainer.checkpoint_dir)
+        steps = [
+            (int(match.group(1)), child)
+            for child in root.glob("step_*")
+            if (match := re.fullmatch(r"step_(\d+)", child.name)) and (child / _STATE_FILE).exists()
+        ]
+        return max(steps)[1] if steps else None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _prompt_stream(self) -> Iterator[Batch]:
+        while True:
+            yield from self.loader
+
+    def _sampling(self) -> SamplingParams:
+        rollout = self.config.rollout
+        # A seed per step makes a resumed run sample what the uninterrupted run sampled.
+        return SamplingParams(
+            n=rollout.n,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=self.config.data.max_response_length,
+            seed=(rollout.seed + self.step) % 2**31,
+        )
+
+    def _throughput(self, rollouts: Batch) -> dict[str, float]:
+        response_tokens = int(rollouts["response_mask"].sum())
+        return throughput_metrics(
+            total_tokens=int(rollouts["attention_mask"].sum()) + response_tokens,
+            response_tokens=response_tokens,
+            step_seconds=self.timer.step_seconds or 0.0,
+            generation_seconds=self.timer.seconds.get("generation"),
+            world_size=self.sizes.world_size,
+        )
+
+    def _check_sync(self, metrics: dict[str, Any]) -> None:
+        limit = self.config.resharding.max_log_prob_gap
+        gap = metrics.get("sync/log_prob_abs_diff_max", 0.0)
+        if limit is not None and not (gap <= limit and math.isfinite(gap)):
+            raise RuntimeError(
+                f"step {self.step}: rollout-vs-trainer log-prob gap {gap:.3g} exceeds "
+                f"resharding.max_log_prob_gap={limit}; the engine's weights are out of sync"
+            )
+
+    def close(self) -> None:
+        """Stop the reward workers, the worker processes and the loggers."""
+        self.logger.close()
+        self.reward.close()
+        for group in self.groups.values():
+            group.hosts.shutdown()
+        for pool in self.pools.values():
+            pool.release()
+
+    def __enter__(self) -> RLTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""From a `RunConfig` to running worker groups: pools, role settings, placement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridflow.controller import RayWorkerGroup, ResourcePool, RoleSpec, create_worker_groups
+from hybridflow.resharding.manager import ReshardingConfig
+from hybridflow.rewards import RewardConfig as RewardManagerConfig
+from hybridflow.rewards import ShapingSpec
+from hybridflow.rollout.config import RolloutConfig as EngineConfig
+from trainer.config import GLOBAL_POOL, DerivedSizes, RunConfig
+from workers.actor import ActorRolloutRefWorker
+from workers.config import ActorConfig, ModelConfig, OptimConfig
+
+__all__ = ["actor_settings", "build_pools", "build_worker_groups", "engine_settings", "reward_settings"]
+
+
+def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> ActorConfig:
+    """The actor worker's settings; the LR schedule spans the optimizer steps of ``total_steps``."""
+    actor = config.actor
+    total_updates = max(1, total_steps * sizes.actor.optimizer_steps_per_step)
+    return ActorConfig(
+        optim=OptimConfig(
+            lr=actor.lr,
+            weight_decay=actor.weight_decay,
+            betas=tuple(actor.betas),
+            grad_clip=actor.grad_clip or 0.0,
+            schedule=actor.lr_scheduler,
+            warmup_steps=actor.warmup_steps,
+            total_steps=total_updates,
+            min_lr_ratio=actor.min_lr_ratio,
+        ),
+        mini_batch_size=actor.ppo_mini_batch_size,
+        micro_batch_size=actor.ppo_micro_batch_size,
+        forward_micro_batch_size=actor.forward_micro_batch_size,
+        max_tokens_per_micro_batch=actor.max_tokens_per_micro_batch if actor.dynamic_batching else None,
+        epochs=actor.ppo_epochs,
+        shuffle=actor.shuffle,
+        seed=config.data.seed,
+        policy_loss=actor.policy_loss,
+        policy_loss_params=actor.policy_loss_params(),
+        loss_agg_mode=actor.loss_agg_mode,
+        loss_norm_constant=float(config.data.max_response_length),
+        entropy_coef=actor.entropy_coef,
+        kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
+        kl_estimator=actor.kl_estimator,
+    )
+
+
+def engine_settings(config: RunConfig) -> EngineConfig:
+    rollout = config.rollout
+    return EngineConfig(
+        name=rollout.engine,
+        tensor_parallel_size=rollout.tp_size,
+        dtype=config.model.dtype,
+        seed=rollout.seed,
+        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
+        kv_cache_memory_bytes=rollout.kv_cache_bytes,
+        max_num_seqs=rollout.max_num_seqs,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        enforce_eager=rollout.enforce_eager,
+        cache_dir=rollout.cache_dir,
+    )
+
+
+def reward_settings(config: RunConfig) -> RewardManagerConfig:
+    reward = config.reward
+    return RewardManagerConfig(
+        num_workers=reward.num_workers,
+        timeout_s=reward.timeout_s,
+        fallback_score=reward.fallback_score,
+        default_fn=reward.default_fn,
+        fn_by_source=dict(reward.fn_by_source),
+        shaping=tuple(ShapingSpec(s.name, dict(s.kwargs)) for s in reward.shaping),
+        kill_grace_s=reward.kill_grace_s,
+    )
+
+
+def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
+    """The global pool and every extra pool of ``resource.pools``."""
+    resource = config.resource
+
+    def pool(name: str, nodes: int, slots: int) -> ResourcePool:
+        return ResourcePool([slots] * nodes, use_gpu=resource.use_gpu, cpus_per_slot=resource.cpus_per_slot, name=name)
+
+    pools = {GLOBAL_POOL: pool(GLOBAL_POOL, resource.nodes, resource.slots_per_node)}
+    for name, extra in resource.pools.items():
+        pools[name] = pool(name, extra.nodes, extra.slots_per_node)
+    return pools
+
+
+def build_worker_groups(
+    config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path, pools: dict[str, ResourcePool]
+) -> dict[str, RayWorkerGroup]:
+    """Start the roles the run needs on their pools (colocated where they share one) and load them."""
+    model = ModelConfig(
+        path=str(model_dir),
+        dtype=config.model.dtype,
+        activation_checkpointing=config.actor.activation_checkpointing,
+        param_dtype=None if config.actor.param_dtype == "float32" else config.actor.param_dtype,
+    )
+    resharding = ReshardingConfig(
+        bucket_bytes=config.resharding.bucket_bytes,
+        offload_optimizer=config.actor.optimizer_offload,
+        offload_params=config.actor.param_offload,
+    )
+    roles = {
+        "actor_rollout": RoleSpec(
+            ActorRolloutRefWorker,
+            (model, actor_settings(config, sizes, total_steps), engine_settings(config), resharding),
+            {"with_ref": config.needs_reference, "offload_ref": config.ref.param_offload},
+        )
+    }
+    placement = {role: pools[config.resource.pool_of(role)] for role in roles}
+    groups = create_worker_groups(roles, placement)
+    for group in groups.values():
+        group.init_model()
+    return groups
