@@ -4,7 +4,8 @@ Measures forward + backward + AdamW step time of a ~27M-parameter Qwen2 (FSDP2 o
 log-prob loss) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` against fp32, and how
 far the bf16 results are from fp32 ones: token log-probs (nats), gradients and the first update.
 
-    python benchmarks/bench_precision.py [--iters 5] [--tokens 2048] [--threads 2]
+    python benchmarks/bench_precision.py [--iters 3] [--tokens 2048] [--threads 2]
+    python benchmarks/bench_precision.py --hidden 256 --layers 4 --vocab 1024   # demo-sized, ~3M
 
 The two variants run interleaved, so load from other processes on the host hits both alike.
 """
@@ -22,7 +23,13 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from hybridflow.parallel import build_meshes, default_device_type, packed_log_probs, shard_model
+from hybridflow.parallel import (
+    build_meshes,
+    default_device_type,
+    packed_log_probs,
+    shard_model,
+    training_attn_implementation,
+)
 
 VARIANTS = {
     "fp32": MixedPrecisionPolicy(),
@@ -30,17 +37,17 @@ VARIANTS = {
 }
 
 
-def build_model(seed: int) -> Qwen2ForCausalLM:
+def build_model(seed: int, attn: str, hidden: int, layers: int, vocab: int) -> Qwen2ForCausalLM:
     config = Qwen2Config(
-        vocab_size=16384,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 128,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
-        attn_implementation="sdpa",
+        attn_implementation=attn,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
@@ -54,9 +61,9 @@ def init_single_rank() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def train_step(model, optimizer, input_ids, mask) -> tuple[float, torch.Tensor]:
-    """One step; returns its wall time in seconds and the token log-probs ``[batch, seq_len]``."""
-    start = time.perf_counter()
+def train_step(model, optimizer, input_ids, mask) -> tuple[float, float]:
+    """One step; returns (wall seconds, CPU seconds of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     out = packed_log_probs(model, input_ids, mask)
     loss = -(out.log_probs.sum() / mask.sum())
     optimizer.zero_grad()
@@ -64,22 +71,28 @@ def train_step(model, optimizer, input_ids, mask) -> tuple[float, torch.Tensor]:
     optimizer.step()
     if input_ids.is_cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, out.log_probs.detach()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def full_grads(model) -> torch.Tensor:
-    return torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
+    # float64: norms and dot products over 27M entries lose digits in fp32.
+    return torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()]).double()
 
 
 def full_params(model) -> torch.Tensor:
-    return torch.cat([p.detach().full_tensor().flatten() for p in model.parameters()])
+    return torch.cat([p.detach().full_tensor().flatten() for p in model.parameters()]).double()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=2048, help="tokens per step (rows of 256)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--hidden", type=int, default=512, help="hidden size (head_dim 64, 2 heads per KV head)"
+    )
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--vocab", type=int, default=16384)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     init_single_rank()
@@ -88,13 +101,16 @@ def main() -> None:
 
     models, optimizers = {}, {}
     for name, policy in VARIANTS.items():
-        models[name] = shard_model(build_model(seed=0).to(device), mesh, mp_policy=policy)
+        model = build_model(0, training_attn_implementation(device), args.hidden, args.layers, args.vocab).to(
+            device
+        )
+        models[name] = shard_model(model, mesh, mp_policy=policy)
         optimizers[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4)
     num_params = sum(p.numel() for p in models["fp32"].parameters())
 
     generator = torch.Generator().manual_seed(0)
     rows = args.tokens // 256
-    input_ids = torch.randint(0, 16384, (rows, 256), generator=generator).to(device)
+    input_ids = torch.randint(0, args.vocab, (rows, 256), generator=generator).to(device)
     mask = torch.ones_like(input_ids)
 
     # First step from identical weights: compare results, then keep timing.
@@ -109,22 +125,29 @@ def main() -> None:
         optimizers[name].zero_grad()
         updates[name] = full_params(models[name]) - before
 
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    # Wall time is stretched by other jobs on a shared host; CPU seconds of this process are not.
+    wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.iters):
         for name in VARIANTS:
-            seconds, _ = train_step(models[name], optimizers[name], input_ids, mask)
-            times[name].append(seconds)
+            wall_s, cpu_s = train_step(models[name], optimizers[name], input_ids, mask)
+            wall[name].append(wall_s)
+            cpu[name].append(cpu_s)
 
     lp_diff = (log_probs["bf16"] - log_probs["fp32"]).abs()
     grad_rel = (grads["bf16"] - grads["fp32"]).norm() / grads["fp32"].norm()
     grad_cos = torch.nn.functional.cosine_similarity(grads["bf16"], grads["fp32"], dim=0)
     update_rel = (updates["bf16"] - updates["fp32"]).norm() / updates["fp32"].norm()
     print(f"device={device} threads={args.threads} params={num_params / 1e6:.1f}M tokens/step={rows * 256}")
+    tokens = rows * 256
     for name in VARIANTS:
-        median = statistics.median(times[name])
-        print(f"{name}: step median {median:.3f} s ({rows * 256 / median:.0f} tokens/s) over {args.iters}")
-    ratio = statistics.median(times["fp32"]) / statistics.median(times["bf16"])
-    print(f"speedup bf16 over fp32: {ratio:.2f}x")
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        print(
+            f"{name}: wall {w:.2f} s/step ({tokens / w:.0f} tokens/s)  cpu {c:.2f} s/step over {args.iters}"
+        )
+    print(
+        f"speedup bf16 over fp32 (cpu s): {statistics.median(cpu['fp32']) / statistics.median(cpu['bf16']):.2f}x"
+    )
     print(f"log-prob |bf16 - fp32| (nats): mean {lp_diff.mean():.2e} max {lp_diff.max():.2e}")
     print(f"gradient: relative error {grad_rel:.2e}, cosine {grad_cos:.6f}")
     print(f"first AdamW update: relative error {update_rel:.2e}")

@@ -29,13 +29,21 @@ def find_decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def default_mixed_precision(device_type: str) -> MixedPrecisionPolicy:
-    """The mixed-precision policy used when none is given (see docs/parallel.md for the measurements).
+def _cpu_has_native_bf16() -> bool:
+    # Private torch probes, read defensively: a torch without them is treated as lacking bf16 units.
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
-    On CUDA, bf16 compute with fp32 gradient reduction. On CPU, fp32: bf16 was slower than fp32 at the
-    sizes measured and costs accuracy, so nothing is gained.
+
+def default_mixed_precision(device_type: str) -> MixedPrecisionPolicy:
+    """The mixed-precision policy used when none is given (measurements in docs/parallel.md).
+
+    bf16 compute with fp32 gradient reduction on CUDA and on CPUs with bf16 matrix units (AMX or
+    AVX512-BF16), where a training step measured 1.5-2.5x faster than fp32 at a cost of ~3e-3 nats mean
+    log-prob error and ~1% relative gradient error. fp32 elsewhere, where bf16 brings no speed. Pass
+    ``MixedPrecisionPolicy()`` to force fp32 (exact comparisons, tests).
     """
-    if device_type == "cuda":
+    if device_type == "cuda" or (device_type == "cpu" and _cpu_has_native_bf16()):
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 

@@ -11,11 +11,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from hybridflow.parallel import VARLEN_SDPA
+
 VOCAB = 101
 
 
-def tiny_qwen2(seed: int = 0, *, tied: bool = False, attn: str = "sdpa") -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 of ~60k parameters; the same seed gives the same weights in every process."""
+def tiny_qwen2(seed: int = 0, *, tied: bool = False, attn: str = VARLEN_SDPA) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 of ~20k parameters; the same seed gives the same weights in every process.
+
+    The default attention is the CPU training path for packed rows.
+    """
     config = Qwen2Config(
         vocab_size=VOCAB,
         hidden_size=32,

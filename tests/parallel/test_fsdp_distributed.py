@@ -1,6 +1,9 @@
 """FSDP2 over 2 gloo ranks against a single-process reference on the full batch.
 
-Each spawned job groups several checks, because starting two processes costs more than the checks.
+Checks: meshes and dp coordinates; parameter streaming and buckets (names and values of the single-process
+state_dict, tied embeddings, activation-checkpoint names); bf16 mixed precision; a micro-batched,
+packed training step and AdamW update equal to the full-batch single-process step, with and without
+activation checkpointing; offload and reload between steps.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hybridflow.parallel import (
     agree_micro_batch_count,
@@ -33,6 +37,8 @@ LENGTHS = [40, 3, 25, 6, 2, 9, 4, 5]
 SEQ_LEN = 40
 TOKEN_BUDGET = 48
 LR = 1e-3
+FP32 = MixedPrecisionPolicy()
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _scored(mask: torch.Tensor) -> torch.Tensor:
@@ -77,7 +83,7 @@ def _assert_params_equal(model, reference, atol: float) -> None:
         torch.testing.assert_close(param.full_tensor(), want[hf_param_name(name)].detach(), atol=atol, rtol=0)
 
 
-def _training_job(rank: int, world_size: int) -> None:
+def _check_training(rank: int, world_size: int) -> None:
     mesh = build_meshes(world_size, tp_size=1).train
     input_ids, mask = skewed_batch(LENGTHS, SEQ_LEN, left=True, seed=1)
 
@@ -85,8 +91,8 @@ def _training_job(rank: int, world_size: int) -> None:
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR)
     ref_grads = _reference_step(reference, ref_opt, input_ids, mask)
 
-    checkpointed = shard_model(tiny_qwen2(tied=True), mesh, activation_checkpointing=True)
-    plain = shard_model(tiny_qwen2(tied=True), mesh, reshard_after_forward=False)
+    checkpointed = shard_model(tiny_qwen2(tied=True), mesh, mp_policy=FP32, activation_checkpointing=True)
+    plain = shard_model(tiny_qwen2(tied=True), mesh, mp_policy=FP32, reshard_after_forward=False)
     assert sum(1 for n, _ in checkpointed.named_parameters() if "_checkpoint_wrapped_module" in n) > 0
     optimizer = torch.optim.AdamW(checkpointed.parameters(), lr=LR)
     for model in (checkpointed, plain):
@@ -127,7 +133,7 @@ def _training_job(rank: int, world_size: int) -> None:
     assert free_gradients(checkpointed) == grad_bytes
 
 
-def _meshes_and_streaming_job(rank: int, world_size: int) -> None:
+def _check_meshes_streaming_and_bf16(rank: int, world_size: int) -> None:
     for tp_size in (1, 2):
         meshes = build_meshes(world_size, tp_size)
         assert meshes.dp_info == dp_rank_info(rank, world_size, tp_size)
@@ -141,7 +147,9 @@ def _meshes_and_streaming_job(rank: int, world_size: int) -> None:
     input_ids, mask = skewed_batch([7, 3], 8, left=False)
     for tied in (True, False):
         expected = tiny_qwen2(seed=3, tied=tied).state_dict()
-        model = shard_model(tiny_qwen2(seed=3, tied=tied), meshes.train, activation_checkpointing=True)
+        model = shard_model(
+            tiny_qwen2(seed=3, tied=tied), meshes.train, mp_policy=FP32, activation_checkpointing=True
+        )
         # A no-grad forward leaves the root gathered; the stream must still see every parameter.
         with torch.no_grad():
             packed_log_probs(model, input_ids, mask)
@@ -160,12 +168,25 @@ def _meshes_and_streaming_job(rank: int, world_size: int) -> None:
             assert len(bucket) == 1 or sum(t.numel() * t.element_size() for _, t in bucket) <= limit
             assert all(t.dtype == torch.bfloat16 for _, t in bucket)
         assert len(buckets) < len(expected)
+
+    # bf16 compute: results move by bf16 rounding, not more; master weights and gradients stay fp32.
+    reference = tiny_qwen2(seed=3)
+    with torch.no_grad():
+        want = packed_log_probs(reference, input_ids, mask).log_probs
+    model = shard_model(tiny_qwen2(seed=3), meshes.train, mp_policy=BF16)
+    got = packed_log_probs(model, input_ids, mask).log_probs
+    got.sum().backward()
+    gap = (got.detach() - want).abs().max()
+    assert 1e-4 < gap < 5e-2, gap
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
     dist.barrier()
 
 
-def test_fsdp_training_matches_single_process():
-    run_distributed(_training_job, WORLD)
+def _job(rank: int, world_size: int) -> None:
+    _check_meshes_streaming_and_bf16(rank, world_size)
+    _check_training(rank, world_size)
 
 
-def test_meshes_and_weight_streaming():
-    run_distributed(_meshes_and_streaming_job, WORLD)
+def test_fsdp2_on_two_ranks_matches_single_process():
+    """One spawn for all checks: starting the two processes costs more than the checks themselves."""
+    run_distributed(_job, WORLD)

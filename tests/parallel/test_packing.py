@@ -85,7 +85,7 @@ def test_response_slice():
     assert torch.equal(out.response(7).log_probs, out.log_probs[:, -7:])
 
 
-@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+@pytest.mark.parametrize("chunk_size", [3, 64])
 def test_chunked_log_softmax_equals_unchunked(chunk_size):
     torch.manual_seed(0)
     hidden = torch.randn(50, 16, requires_grad=True)
