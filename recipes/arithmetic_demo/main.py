@@ -1,0 +1,83 @@
+"""The main demo: GRPO visibly teaches a tiny model 2-digit addition, on 2 CPU ranks.
+
+    1. write the synthetic task (7,600 training and 500 held-out problems, "47+38=" -> "85");
+    2. build a ~3M-parameter Qwen2 and warm-start it with supervised learning until it answers
+       about a third of the held-out problems (cached: later runs skip this);
+    3. measure held-out greedy accuracy, train with GRPO (64 prompts x 8 samples per step, exact-match
+       reward, vLLM rollouts, FSDP2 updates), and measure it again;
+    4. plot the run's curves.
+
+Run:  python recipes/arithmetic_demo/main.py [key=value overrides of config.yaml]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hybridflow.data import read_rows
+from hybridflow.data.synthetic import arithmetic_rows, write_splits
+from hybridflow.metrics.plot import plot_run
+from hybridflow.models.io import load_causal_lm
+from trainer.config import load_config
+from trainer.model_setup import load_tokenizer, prepare_model_dir
+from trainer.ray_runtime import start_ray
+from trainer.rl_trainer import RLTrainer
+from trainer.warm_start import WarmStartConfig, greedy_accuracy, warm_start
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(".cache/arithmetic_demo")
+
+
+def prepare_data() -> Path:
+    data_dir = CACHE / "data"
+    if not (data_dir / "test.parquet").exists():
+        write_splits(arithmetic_rows(7600, 500, digits=2, style="bare", seed=0), data_dir, ("parquet",))
+    return data_dir
+
+
+def data_overrides(data_dir: Path) -> list[str]:
+    return [f"data.train_files=[{data_dir / 'train.parquet'}]", f"data.val_files=[{data_dir / 'test.parquet'}]"]
+
+
+def warm_started_model(data_dir: Path, overrides: list[str]) -> Path:
+    """The warm-started policy, trained once and cached by the tiny model's spec."""
+    config = load_config(HERE / "config.yaml", [*data_overrides(data_dir), *overrides])
+    initial = prepare_model_dir(config, CACHE)
+    target = CACHE / "warm_start"
+    if (target / "config.json").exists() and (target / "tiny_spec.json").read_text() == (initial / "tiny_spec.json").read_text():
+        return target
+    tokenizer = load_tokenizer(config, initial)
+    train, held_out = read_rows(data_dir / "train.parquet"), read_rows(data_dir / "test.parquet")
+    result = warm_start(initial, tokenizer, train, held_out, target, WarmStartConfig())
+    (target / "tiny_spec.json").write_text((initial / "tiny_spec.json").read_text())
+    print(f"warm-start: {result.accuracy:.1%} held-out accuracy after {result.steps} steps ({result.seconds:.0f} s)")
+    return target
+
+
+def main(overrides: list[str]) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    start = time.monotonic()
+    data_dir = prepare_data()
+    model_dir = warm_started_model(data_dir, overrides)
+    config = load_config(
+        HERE / "config.yaml",
+        [f"model.path={model_dir}", *data_overrides(data_dir), *overrides],
+    )
+    tokenizer = load_tokenizer(config, model_dir)
+    held_out = read_rows(data_dir / "test.parquet")
+    before = greedy_accuracy(load_causal_lm(model_dir), tokenizer, held_out)
+    print(f"held-out accuracy before GRPO: {before:.1%}")
+    with start_ray(config), RLTrainer(config) as trainer:
+        trainer.fit()
+        after = trainer.validate()["val/accuracy"]
+    jsonl = Path(config.trainer.output_dir) / "metrics.jsonl"
+    plots = plot_run(jsonl, Path(config.trainer.output_dir) / "plots", keys=["val/accuracy", "score/mean"])
+    print(f"held-out accuracy: {before:.1%} before GRPO -> {after:.1%} after {config.trainer.total_steps} steps")
+    print(f"wall time {time.monotonic() - start:.0f} s; metrics in {jsonl}; plots: {[str(p) for p in plots]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
