@@ -83,7 +83,9 @@ class TokenHeadModel(nn.Module):
             rows = pack_sequences(input_ids, attention_mask)
             kwargs = _packing_kwargs(self.model, rows)
             hidden = self.model(input_ids=rows.input_ids, use_cache=False, **kwargs).last_hidden_state
-            return unpack_tokens(self.head(hidden[0]).squeeze(-1).float(), rows)
+            # A copy, not the view unpack_tokens returns: FSDP2 hooks the root's outputs for backward,
+            # and an in-place op on a view would bypass that hook.
+            return unpack_tokens(self.head(hidden[0]).squeeze(-1).float(), rows).clone()
         hidden = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -111,15 +113,22 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32, seed: int = 
     return TokenHeadModel(backbone, head.to(dtype))
 
 
-def shard_head_model(model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool) -> nn.Module:
+def shard_head_model(
+    model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool
+) -> nn.Module:
     """Shard ``model`` with FSDP2 over ``mesh``: each decoder layer a unit, then the root (embeddings,
     final norm, head). Mixed precision and activation checkpointing follow ``config``."""
     model.requires_grad_(trainable)
     mp_policy = None
     if config.param_dtype is not None:
-        mp_policy = MixedPrecisionPolicy(param_dtype=getattr(torch, config.param_dtype), reduce_dtype=torch.float32)
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, config.param_dtype), reduce_dtype=torch.float32
+        )
     return shard_model(
-        model, mesh, mp_policy=mp_policy, activation_checkpointing=config.activation_checkpointing and trainable
+        model,
+        mesh,
+        mp_policy=mp_policy,
+        activation_checkpointing=config.activation_checkpointing and trainable,
     )
 
 
@@ -133,7 +142,9 @@ def response_values(model: nn.Module, batch: Batch, use_packing: bool, device: t
     response_mask = batch["response_mask"].to(device)
     response_len = response_mask.shape[1]
     if input_ids.shape[1] <= response_len:
-        raise ValueError("the batch has no prompt columns: the value of response token 0 needs a token before it")
+        raise ValueError(
+            "the batch has no prompt columns: the value of response token 0 needs a token before it"
+        )
     per_token = model(input_ids.to(device), attention_mask.to(device), packed=use_packing)
     # Column t is read at the token before response token t (see the module docstring).
     values = per_token[:, -response_len - 1 : -1]
@@ -173,9 +184,13 @@ class CriticWorker(Worker):
         """
         config = self.config
         self.model.eval()
-        parts, restore = micro_batches(batch, config.forward_micro_batch_size, config.max_tokens_per_micro_batch)
+        parts, restore = micro_batches(
+            batch, config.forward_micro_batch_size, config.max_tokens_per_micro_batch
+        )
         with torch.no_grad():
-            values = torch.cat([response_values(self.model, p, config.use_packing, self.device) for p in parts])
+            values = torch.cat(
+                [response_values(self.model, p, config.use_packing, self.device) for p in parts]
+            )
         reshard_all(self.model)
         return Batch({"values": values[restore.to(values.device)].cpu()})
 
@@ -276,7 +291,9 @@ class CriticWorker(Worker):
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(path / "critic_dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         saved = torch.load(path / "critic_state.pt", weights_only=False)
         self.scheduler.load_state_dict(saved["scheduler"])
         self.update_steps = saved["update_steps"]

@@ -75,7 +75,9 @@ def reward_model_tokens(
     messages = [dict(m) for m in prompt]
     if getattr(tokenizer, "chat_template", None) is None:
         return tokenizer(render_plain(messages) + response)["input_ids"]
-    text = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [*messages, {"role": "assistant", "content": response}], tokenize=False
+    )
     # The template writes its own special tokens; adding them again would double the BOS.
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -119,11 +121,15 @@ class RewardModelWorker(Worker):
         sequences = self._sequences(batch)
         parts, restore = micro_batches(sequences, config.micro_batch_size, config.max_tokens_per_micro_batch)
         with torch.no_grad():
-            scores = torch.cat([sequence_scores(self.model, p, config.use_packing, self.device) for p in parts])
+            scores = torch.cat(
+                [sequence_scores(self.model, p, config.use_packing, self.device) for p in parts]
+            )
         reshard_all(self.model)
         scores = scores[restore.to(scores.device)].cpu()
         last = last_valid_token_mask(batch["response_mask"])
-        return Batch({"rm_scores": scores, "token_level_rm_scores": last.to(scores.dtype) * scores.unsqueeze(-1)})
+        return Batch(
+            {"rm_scores": scores, "token_level_rm_scores": last.to(scores.dtype) * scores.unsqueeze(-1)}
+        )
 
     def _sequences(self, batch: Batch) -> Batch:
         """The token rows to score, as prompt columns plus response columns."""
@@ -150,5 +156,10 @@ class RewardModelWorker(Worker):
         # the micro-batching and the forward read prompt + response and need no split between them.
         empty = input_ids[:, :0]
         return Batch(
-            {"input_ids": input_ids, "attention_mask": attention_mask, "responses": empty, "response_mask": empty}
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "responses": empty,
+                "response_mask": empty,
+            }
         )
