@@ -25,6 +25,7 @@ from hybridflow.parallel.offload import (
 from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
 from hybridflow.parallel.varlen_attention import (
     VARLEN_SDPA,
+    sequence_runs,
     training_attn_implementation,
     varlen_sdpa_attention,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "plan_micro_batches",
     "position_ids_from_mask",
     "reshard_all",
+    "sequence_runs",
     "shard_model",
     "token_log_probs",
     "training_attn_implementation",

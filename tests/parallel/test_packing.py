@@ -10,8 +10,10 @@ from hybridflow.parallel import (
     pack_sequences,
     packed_log_probs,
     padded_log_probs,
+    sequence_runs,
     token_log_probs,
     unpack_tokens,
+    varlen_attention,
 )
 from tests.parallel._helpers import VOCAB, skewed_batch, tiny_qwen2
 
@@ -63,6 +65,25 @@ def test_packed_equals_padded_and_alone(attn, left):
     assert bool((packed.log_probs[~scored] == 0).all())
     # Entropy is bounded by log(vocab); a uniform-ish random model sits near it.
     assert bool((packed.entropy[scored] <= torch.log(torch.tensor(float(VOCAB))) + 1e-5).all())
+
+
+def test_sequence_runs():
+    offsets = [0, 3, 5, 30, 31, 33, 40]
+    assert sequence_runs(offsets, 10) == [[0, 3, 5], [5, 30], [30, 31, 33, 40]]
+    assert sequence_runs(offsets, 1000) == [offsets]
+    assert sequence_runs(offsets, 1) == [[0, 3], [3, 5], [5, 30], [30, 31], [31, 33], [33, 40]]
+
+
+@pytest.mark.parametrize("group_tokens", [1, 12, 10_000])
+def test_varlen_runs_of_any_size_equal_each_sequence_alone(monkeypatch, group_tokens):
+    # 1: one call per sequence; 12: masked runs of short sequences and long ones alone; 10_000: one run.
+    monkeypatch.setattr(varlen_attention, "GROUP_TOKENS", group_tokens)
+    model = tiny_qwen2(attn=VARLEN_SDPA).eval()
+    input_ids, mask = skewed_batch(LENGTHS, SEQ_LEN, left=True)
+    with torch.no_grad():
+        packed = packed_log_probs(model, input_ids, mask)
+        alone = _alone(model, input_ids, mask, temperature=1.0)
+    torch.testing.assert_close(packed.log_probs, alone, atol=1e-5, rtol=0)
 
 
 def test_packed_gradients_equal_padded():
