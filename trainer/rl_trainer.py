@@ -8,7 +8,7 @@ One step, in the order the data flows (the controller only moves Batches; weight
     rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout
     rollouts |= ref.compute_ref_log_prob(rollouts)           # if a KL term is used
     rollouts |= critic.compute_values(rollouts)              # PPO only
-    rollouts |= kl_in_reward(rollouts) ; advantages(...)     # pure functions here
+    rollouts |= kl_in_reward(rollouts) ; advantages(...)     # pure functions, on the controller
     critic.update_critic(rollouts)                           # PPO only
     actor.update_actor(rollouts)
 
@@ -75,6 +75,7 @@ class RLTrainer:
         self.pools = build_pools(config)
         self.groups = build_worker_groups(config, self.sizes, self.total_steps, self.model_dir, self.pools)
         self.actor: RayWorkerGroup = self.groups["actor_rollout"]
+        self.critic: RayWorkerGroup | None = self.groups.get("critic")
         self.reward = RewardManager(reward_settings(config))
         kl = config.algorithm.kl_ctrl
         self.kl_ctrl = (
@@ -136,6 +137,9 @@ class RLTrainer:
             if config.needs_reference:
                 with timer.phase("ref"):
                     rollouts = rollouts | self.actor.compute_ref_log_prob(rollouts.select(*_TRAINING_COLUMNS))
+            if self.critic is not None:
+                with timer.phase("values"):
+                    rollouts = rollouts | self.critic.compute_values(rollouts.select(*_TRAINING_COLUMNS))
             kl_metrics = {}
             with timer.phase("advantage"):
                 if self.kl_ctrl is not None:
@@ -144,6 +148,11 @@ class RLTrainer:
                     kl_metrics = {"kl/in_reward": mean_kl, "kl/coef": self.kl_ctrl.value}
                     self.kl_ctrl.update(mean_kl, len(rollouts))
                 rollouts = rollouts | compute_advantages(rollouts, config.algorithm)
+            critic_metrics = {}
+            if self.critic is not None:
+                with timer.phase("critic_update"):
+                    columns = [*_TRAINING_COLUMNS, "values", "returns"]
+                    critic_metrics = self.critic.update_critic(rollouts.select(*columns))[0]
             with timer.phase("update"):
                 columns = [*_TRAINING_COLUMNS, "old_log_probs", "advantages"]
                 if config.actor.use_kl_loss:
@@ -152,6 +161,7 @@ class RLTrainer:
         metrics = {
             **step_metrics(rollouts),
             **actor_metrics,
+            **critic_metrics,
             **kl_metrics,
             **rollout_metrics,
             **reward_metrics,
@@ -195,11 +205,13 @@ class RLTrainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoint_dir/step_{k}``: the actor's distributed checkpoint, then the
+        """Write ``checkpoint_dir/step_{k}``: the actor's (and critic's) distributed checkpoints, then the
         controller's state (data position, KL coefficient) last, which marks it complete."""
         path = Path(self.config.trainer.checkpoint_dir) / f"step_{self.step}"
         path.mkdir(parents=True, exist_ok=True)
         self.actor.save_checkpoint(str(path / "actor"))
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(path / "critic"))
         state = {
             "step": self.step,
             "loader": self.loader.state_dict(),
@@ -219,6 +231,8 @@ class RLTrainer:
             raise FileNotFoundError(f"trainer.resume: {path} holds no complete checkpoint ({_STATE_FILE} missing)")
         state = torch.load(path / _STATE_FILE, weights_only=False)
         self.actor.load_checkpoint(str(path / "actor"))
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(path / "critic"))
         self.loader.load_state_dict(state["loader"])
         self._prompts = self._prompt_stream()
         if self.kl_ctrl is not None and state["kl_coef"] is not None:

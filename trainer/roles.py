@@ -9,28 +9,41 @@ from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rewards import RewardConfig as RewardManagerConfig
 from hybridflow.rewards import ShapingSpec
 from hybridflow.rollout.config import RolloutConfig as EngineConfig
-from trainer.config import GLOBAL_POOL, DerivedSizes, RunConfig
+from trainer.config import GLOBAL_POOL, DerivedSizes, OptimizedRoleConfig, RunConfig
 from workers.actor import ActorRolloutRefWorker
-from workers.config import ActorConfig, ModelConfig, OptimConfig
+from workers.config import ActorConfig, CriticConfig, ModelConfig, OptimConfig
+from workers.critic import CriticWorker
 
-__all__ = ["actor_settings", "build_pools", "build_worker_groups", "engine_settings", "reward_settings"]
+__all__ = ["actor_settings", "build_pools", "build_worker_groups", "critic_settings", "engine_settings", "reward_settings"]
+
+
+def _optim(role: OptimizedRoleConfig, total_updates: int) -> OptimConfig:
+    return OptimConfig(
+        lr=role.lr,
+        weight_decay=role.weight_decay,
+        betas=tuple(role.betas),
+        grad_clip=role.grad_clip or 0.0,
+        schedule=role.lr_scheduler,
+        warmup_steps=role.warmup_steps,
+        total_steps=max(1, total_updates),
+        min_lr_ratio=role.min_lr_ratio,
+    )
+
+
+def _model(config: RunConfig, role: OptimizedRoleConfig, model_dir: Path) -> ModelConfig:
+    return ModelConfig(
+        path=str(model_dir),
+        dtype=config.model.dtype,
+        activation_checkpointing=role.activation_checkpointing,
+        param_dtype=role.param_dtype,
+    )
 
 
 def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> ActorConfig:
     """The actor worker's settings; the LR schedule spans the optimizer steps of ``total_steps``."""
     actor = config.actor
-    total_updates = max(1, total_steps * sizes.actor.optimizer_steps_per_step)
     return ActorConfig(
-        optim=OptimConfig(
-            lr=actor.lr,
-            weight_decay=actor.weight_decay,
-            betas=tuple(actor.betas),
-            grad_clip=actor.grad_clip or 0.0,
-            schedule=actor.lr_scheduler,
-            warmup_steps=actor.warmup_steps,
-            total_steps=total_updates,
-            min_lr_ratio=actor.min_lr_ratio,
-        ),
+        optim=_optim(actor, total_steps * sizes.actor.optimizer_steps_per_step),
         mini_batch_size=actor.ppo_mini_batch_size,
         micro_batch_size=actor.ppo_micro_batch_size,
         forward_micro_batch_size=actor.forward_micro_batch_size,
@@ -45,6 +58,26 @@ def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> 
         entropy_coef=actor.entropy_coef,
         kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
         kl_estimator=actor.kl_estimator,
+    )
+
+
+def critic_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path) -> CriticConfig:
+    """The critic worker's settings: a value head on the policy's own backbone."""
+    critic = config.critic
+    assert critic is not None and sizes.critic is not None
+    return CriticConfig(
+        model=_model(config, critic, model_dir),
+        optim=_optim(critic, total_steps * sizes.critic.optimizer_steps_per_step),
+        mini_batch_size=critic.ppo_mini_batch_size,
+        micro_batch_size=critic.ppo_micro_batch_size,
+        forward_micro_batch_size=critic.forward_micro_batch_size,
+        max_tokens_per_micro_batch=critic.max_tokens_per_micro_batch if critic.dynamic_batching else None,
+        epochs=critic.ppo_epochs,
+        shuffle=critic.shuffle,
+        seed=config.data.seed,
+        cliprange_value=critic.cliprange_value,
+        loss_agg_mode=critic.loss_agg_mode,
+        loss_norm_constant=float(config.data.max_response_length),
     )
 
 
@@ -94,12 +127,7 @@ def build_worker_groups(
     config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path, pools: dict[str, ResourcePool]
 ) -> dict[str, RayWorkerGroup]:
     """Start the roles the run needs on their pools (colocated where they share one) and load them."""
-    model = ModelConfig(
-        path=str(model_dir),
-        dtype=config.model.dtype,
-        activation_checkpointing=config.actor.activation_checkpointing,
-        param_dtype=None if config.actor.param_dtype == "float32" else config.actor.param_dtype,
-    )
+    model = _model(config, config.actor, model_dir)
     resharding = ReshardingConfig(
         bucket_bytes=config.resharding.bucket_bytes,
         offload_optimizer=config.actor.optimizer_offload,
@@ -112,6 +140,8 @@ def build_worker_groups(
             {"with_ref": config.needs_reference, "offload_ref": config.ref.param_offload},
         )
     }
+    if config.critic is not None:
+        roles["critic"] = RoleSpec(CriticWorker, (critic_settings(config, sizes, total_steps, model_dir),))
     placement = {role: pools[config.resource.pool_of(role)] for role in roles}
     groups = create_worker_groups(roles, placement)
     for group in groups.values():

@@ -70,7 +70,7 @@ def actor_group(
     spec = RoleSpec(
         ActorRolloutRefWorker,
         (
-            ModelConfig(path=str(model_dir)),
+            ModelConfig(path=str(model_dir), param_dtype="float32"),
             actor,
             rollout or RolloutConfig(name="hf"),
             resharding or ReshardingConfig(bucket_bytes=1 << 16),
