@@ -13,6 +13,7 @@ vLLM imports this class by its qualified name (``worker_cls``); importing the mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -20,6 +21,8 @@ import torch.distributed as dist
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 __all__ = ["JobScopedShmCPUWorker"]
+
+_SHM_DIR = "/dev/shm"
 
 
 def _job_identifier() -> str:
@@ -35,6 +38,13 @@ class JobScopedShmCPUWorker(CPUWorker):
     def init_device(self) -> None:
         if not dist.is_initialized():
             raise RuntimeError("JobScopedShmCPUWorker needs an initialised torch.distributed process group")
+        identifier = _job_identifier()
         # vLLM takes the basename of a file:// init method as the shared-memory name prefix.
-        self.distributed_init_method = f"file://{_job_identifier()}"
+        self.distributed_init_method = f"file://{identifier}"
         super().init_device()
+        # Every rank has mapped its group's segments by now (vLLM joins them behind barriers), so the
+        # names can go: the mappings stay valid, and a killed job leaves nothing behind in /dev/shm.
+        for name in os.listdir(_SHM_DIR):
+            if name.startswith(identifier):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(_SHM_DIR, name))

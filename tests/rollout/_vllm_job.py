@@ -82,8 +82,12 @@ def engine_checks(rank: int, world_size: int, tp: int, model_dir: Path) -> dict[
     )
     engine = build_rollout_engine(config, model_dir)
     results["init_s"] = time.perf_counter() - start
-    # Other jobs on the host may add segments meanwhile; the ranks' common new names are this job's.
-    results["shm_segments"] = sorted(_shm_segments() - segments_before)
+    # vLLM names its CPU shared memory after VLLM_DIST_IDENT; other jobs may add segments meanwhile,
+    # so only this job's identifier is looked for.
+    results["dist_ident"] = os.environ["VLLM_DIST_IDENT"]
+    results["shm_segments_left"] = sorted(
+        name for name in _shm_segments() - segments_before if name.startswith(results["dist_ident"])
+    )
 
     start = time.perf_counter()
     greedy = engine.generate(prompts, GREEDY)
