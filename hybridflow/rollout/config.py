@@ -24,8 +24,9 @@ class RolloutConfig:
         kv_cache_memory_bytes: vLLM KV cache per rank, in bytes. Always bounded: unbounded, the CPU
             build takes most of the host memory.
         max_num_seqs: most sequences vLLM decodes in one step.
-        max_num_batched_tokens: most tokens vLLM processes in one step (prefill chunking); ``None``
-            lets vLLM choose.
+        max_num_batched_tokens: most tokens vLLM processes in one step; ``None`` lets vLLM choose. On
+            CPU prompts are never split across steps (see ``VLLMRolloutEngine``), so it must be at
+            least ``max_model_len`` there.
         enforce_eager: skip vLLM's torch.compile (faster start, slower steps).
         cache_dir: directory for vLLM's and TorchInductor's compile caches (``VLLM_CACHE_ROOT``,
             ``TORCHINDUCTOR_CACHE_DIR``); sharing it between runs cuts engine start from ~25 s to ~5 s.

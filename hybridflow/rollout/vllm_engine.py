@@ -89,7 +89,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self._on_cpu = current_platform.is_cpu()
         _prepare_environment(config)
         platform_args = (
-            {"worker_cls": _CPU_WORKER}
+            {
+                "worker_cls": _CPU_WORKER,
+                # Chunked prefill rewinds a seeded request's generator when it splits the prompt, which
+                # CPU generators cannot do ("CPU Generator does not use offset"); every request is seeded.
+                "enable_chunked_prefill": False,
+            }
             # CPU vLLM refuses sleep mode; release/resume free the KV cache storages directly instead.
             if self._on_cpu
             else {"enable_sleep_mode": True}

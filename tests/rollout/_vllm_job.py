@@ -30,6 +30,7 @@ KV_CACHE_BYTES = 64 << 20
 GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
 PLAIN = SamplingParams(n=4, temperature=0.8, max_new_tokens=16)
 FILTERED = SamplingParams(n=4, temperature=0.7, top_k=8, top_p=0.9, max_new_tokens=16, seed=11)
+MANY = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=3)
 AFTER_PUSH = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=5)
 
 
@@ -77,6 +78,8 @@ def engine_checks(rank: int, world_size: int, tp: int, model_dir: Path) -> dict[
         kv_cache_memory_bytes=KV_CACHE_BYTES,
         max_model_len=128,
         max_num_seqs=32,
+        # As small as allowed, so that one generate call needs several prefill steps.
+        max_num_batched_tokens=128,
         enforce_eager=True,
         cache_dir=str(_tiny.CACHE_DIR),
     )
@@ -104,6 +107,16 @@ def engine_checks(rank: int, world_size: int, tp: int, model_dir: Path) -> dict[
         results[f"{name}_lp"] = _abs_diff(
             out["rollout_log_probs"], response_log_probs(model, out, sampling), out["response_mask"]
         )
+
+    # 64 seeded samples: their prompts take several scheduler steps to prefill. A sample depends on
+    # its own request's seed only, so the first prompts sample alike in a small and a large call.
+    many = Batch.concat([prompts] * 4)
+    large = engine.generate(many, MANY)
+    results["many_lp"] = _abs_diff(
+        large["rollout_log_probs"], response_log_probs(model, large, MANY), large["response_mask"]
+    )
+    results["many_first_tokens"] = _tokens(large)[: len(prompts) * MANY.n]
+    results["few_tokens"] = _tokens(engine.generate(prompts, MANY))
 
     new_state = _tiny.perturbed_state(model)
     consumed: list[str] = []

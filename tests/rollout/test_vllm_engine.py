@@ -41,6 +41,13 @@ def test_log_probs_match_training_side_recomputation(ranks: tuple[int, list[dict
             assert result[f"{name}_lp"]["max"] < 1e-2, (name, result[f"{name}_lp"])
 
 
+def test_large_seeded_call_prefills_over_several_steps(ranks: tuple[int, list[dict[str, Any]]]) -> None:
+    _, results = ranks
+    for result in results:
+        assert result["many_lp"]["mean"] < 1e-3, result["many_lp"]
+        assert result["many_first_tokens"] == result["few_tokens"]
+
+
 def test_samples_are_interleaved_n_per_prompt(ranks: tuple[int, list[dict[str, Any]]]) -> None:
     _, results = ranks
     n = _vllm_job.PLAIN.n
