@@ -136,7 +136,8 @@ def packed_log_probs(
     kwargs = _packing_kwargs(model, packed)
     with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
         stats = model(input_ids=packed.input_ids, use_cache=False, **kwargs).logits[0]
-    # Move each score from the predicting token to the predicted one; sequence starts predict nothing.
+    # Move each score from the predicting token to the predicted one. A sequence's first token has no
+    # prediction inside its sequence (its slot received the previous sequence's last score): zero it.
     starts = packed.position_ids[0] == 0
     stats = torch.cat((stats.new_zeros(1, stats.shape[-1]), stats[:-1]))
     stats = torch.where(starts.unsqueeze(-1), 0.0, stats)

@@ -53,6 +53,7 @@ def iter_full_state(
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Size of ``tensor``'s elements in bytes."""
     return tensor.numel() * tensor.element_size()
 
 
