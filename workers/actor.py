@@ -21,9 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -32,7 +30,6 @@ from hybridflow.models.io import load_causal_lm
 from hybridflow.parallel import (
     TokenLogProbs,
     build_meshes,
-    iter_full_state,
     load_fsdp_params,
     offload_fsdp_params,
     packed_log_probs,
@@ -50,9 +47,13 @@ from workers.objective import ActorLoss, PolicyObjective
 from workers.training import (
     build_lr_scheduler,
     build_optimizer,
+    clip_and_step,
+    gather_full_state,
     global_sum,
+    load_training_state,
     micro_batches,
     mini_batches,
+    save_training_state,
     sequence_inputs,
 )
 
@@ -287,14 +288,9 @@ class ActorRolloutRefWorker(Worker):
             (loss * self.world_size).backward()
             for key, value in metrics.items():
                 local[key] += value
-        max_norm = config.optim.grad_clip if config.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.optim.grad_clip)
         metrics = {key: global_sum(value) for key, value in sorted(local.items())}
-        metrics.update({"actor/grad_norm": float(grad_norm), "actor/lr": lr})
+        metrics.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
         return metrics
 
     @register(dispatch="one_to_all")
@@ -303,11 +299,7 @@ class ActorRolloutRefWorker(Worker):
 
         A collective that gathers one parameter at a time; for inspection and small models.
         """
-        full = {}
-        for name, tensor in iter_full_state(self.model):
-            if self.rank == 0:
-                full[name] = tensor.detach().cpu().clone()
-        return full if self.rank == 0 else None
+        return gather_full_state(self.model, self.rank)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -316,26 +308,15 @@ class ActorRolloutRefWorker(Worker):
         """Write a distributed checkpoint (model + optimizer shards, schedule, step count) under
         ``directory``; with ``export_hf`` also a Hugging Face model directory in ``directory/hf``."""
         path = Path(directory)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / "dcp"))
-        if self.rank == 0:
-            state = {"scheduler": self.scheduler.state_dict(), "update_steps": self.update_steps}
-            torch.save(state, path / "actor_state.pt")
+        save_training_state(path, "actor", self.model, self.optimizer, self.scheduler, self.update_steps, self.rank)
         if export_hf:
             self._export_hf(path / "hf")
-        dist.barrier()
+            dist.barrier()
 
     @register(dispatch="one_to_all")
     def load_checkpoint(self, directory: str) -> None:
         """Restore what `save_checkpoint` wrote (the model must be initialised first)."""
-        path = Path(directory)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        saved = torch.load(path / "actor_state.pt", weights_only=False)
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.update_steps = saved["update_steps"]
+        self.update_steps = load_training_state(Path(directory), "actor", self.model, self.optimizer, self.scheduler)
 
     def _export_hf(self, target: Path) -> None:
         full = self.gather_full_state()

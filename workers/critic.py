@@ -17,10 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoModel
@@ -29,7 +26,6 @@ from hybridflow.algos import clipped_value_loss, masked_sum
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import (
     default_device_type,
-    iter_full_state,
     pack_sequences,
     position_ids_from_mask,
     reshard_all,
@@ -45,9 +41,13 @@ from workers.config import CriticConfig, ModelConfig
 from workers.training import (
     build_lr_scheduler,
     build_optimizer,
+    clip_and_step,
+    gather_full_state,
     global_sum,
+    load_training_state,
     micro_batches,
     mini_batches,
+    save_training_state,
     sequence_inputs,
 )
 
@@ -250,25 +250,16 @@ class CriticWorker(Worker):
             local["critic/value_loss"] += loss.item()
             local["critic/vf_clip_frac"] += raw["clip_frac"].item() * part_mask.sum().item() / tokens
             local["critic/values_mean"] += masked_sum(values.detach(), part_mask).item() / tokens
-        max_norm = config.optim.grad_clip if config.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.optim.grad_clip)
         metrics = {key: global_sum(value) for key, value in sorted(local.items())}
-        metrics.update({"critic/grad_norm": float(grad_norm), "critic/lr": lr})
+        metrics.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
         return metrics
 
     @register(dispatch="one_to_all")
     def gather_full_state(self) -> dict[str, torch.Tensor] | None:
         """The critic's full weights (``model.*`` backbone names, ``head.weight``/``head.bias``) on
         rank 0, ``None`` elsewhere. A collective; for inspection and small models."""
-        full = {}
-        for name, tensor in iter_full_state(self.model):
-            if self.rank == 0:
-                full[name] = tensor.detach().cpu().clone()
-        return full if self.rank == 0 else None
+        return gather_full_state(self.model, self.rank)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -276,24 +267,11 @@ class CriticWorker(Worker):
     def save_checkpoint(self, directory: str) -> None:
         """Write a distributed checkpoint (model + optimizer shards, schedule, step count) under
         ``directory``. File names carry ``critic`` so the actor can save into the same directory."""
-        path = Path(directory)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / "critic_dcp"))
-        if self.rank == 0:
-            state = {"scheduler": self.scheduler.state_dict(), "update_steps": self.update_steps}
-            torch.save(state, path / "critic_state.pt")
-        dist.barrier()
+        save_training_state(
+            Path(directory), "critic", self.model, self.optimizer, self.scheduler, self.update_steps, self.rank
+        )
 
     @register(dispatch="one_to_all")
     def load_checkpoint(self, directory: str) -> None:
         """Restore what `save_checkpoint` wrote (the model must be initialised first)."""
-        path = Path(directory)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path / "critic_dcp"))
-        set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        saved = torch.load(path / "critic_state.pt", weights_only=False)
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.update_steps = saved["update_steps"]
+        self.update_steps = load_training_state(Path(directory), "critic", self.model, self.optimizer, self.scheduler)

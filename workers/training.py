@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hybridflow.parallel import agree_micro_batch_count, plan_micro_batches
+from hybridflow.parallel import agree_micro_batch_count, iter_full_state, plan_micro_batches
 from hybridflow.protocol import Batch
 from workers.config import OptimConfig
 
 __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
+    "clip_and_step",
+    "gather_full_state",
     "global_sum",
+    "load_training_state",
     "micro_batches",
     "mini_batches",
+    "save_training_state",
     "sequence_inputs",
 ]
 
@@ -104,3 +111,68 @@ def mini_batches(batch: Batch, global_size: int, world_size: int, shuffle: bool,
         raise ValueError(f"mini_batch_size {global_size} must be a positive multiple of the world size {world_size}")
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     yield from batch.iter_minibatches(local, shuffle=shuffle, generator=generator)
+
+
+def clip_and_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    grad_clip: float,
+) -> tuple[float, float]:
+    """Clip the global gradient norm (``grad_clip`` 0: report it only), step the optimizer and the
+    schedule. Returns the norm before clipping and the learning rate the step used."""
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    # Under FSDP2 the norm is a DTensor; its full value is the global norm.
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    return float(grad_norm), lr
+
+
+def gather_full_state(model: nn.Module, rank: int) -> dict[str, torch.Tensor] | None:
+    """Full weights under their Hugging Face names on rank 0 (``None`` elsewhere); a collective that
+    gathers one parameter at a time."""
+    full = {}
+    for name, tensor in iter_full_state(model):
+        if rank == 0:
+            full[name] = tensor.detach().cpu().clone()
+    return full if rank == 0 else None
+
+
+def save_training_state(
+    directory: Path,
+    prefix: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    update_steps: int,
+    rank: int,
+) -> None:
+    """Write ``{prefix}_dcp`` (model and optimizer shards, a torch distributed checkpoint) and
+    ``{prefix}_state.pt`` (schedule, step count) under ``directory``; a collective."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / f"{prefix}_dcp"))
+    if rank == 0:
+        torch.save(
+            {"scheduler": scheduler.state_dict(), "update_steps": update_steps}, directory / f"{prefix}_state.pt"
+        )
+    dist.barrier()
+
+
+def load_training_state(
+    directory: Path,
+    prefix: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> int:
+    """Restore what `save_training_state` wrote into the live (sharded) objects; returns the step count."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(directory / f"{prefix}_dcp"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    saved = torch.load(directory / f"{prefix}_state.pt", weights_only=False)
+    scheduler.load_state_dict(saved["scheduler"])
+    return saved["update_steps"]

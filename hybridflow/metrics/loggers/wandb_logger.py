@@ -41,8 +41,15 @@ class WandbLogger(MetricLogger):
             ) from error
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        # console="off": the console logger owns stdout; wandb wrapping it also races with
+        # whatever else captures output (pytest, tee) and can lose the run's records.
         self._run = wandb.init(
-            project=project, name=name, dir=str(self.dir), mode=mode, config=dict(config or {})
+            project=project,
+            name=name,
+            dir=str(self.dir),
+            mode=mode,
+            config=dict(config or {}),
+            settings=wandb.Settings(console="off"),
         )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
