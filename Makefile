@@ -1,4 +1,4 @@
-# Two entry points: `make demo` runs the main job, `make test` runs the checks.
+# Two entry points: `make demo` runs the main job (GRPO on CPU), `make test` runs the checks.
 # Both create .venv on first use and reinstall when pyproject.toml changes.
 # On a GPU machine: `make test EXTRAS=gpu,test TORCH_PIN=`.
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(PY) recipes/hello_colocated/main.py
+	RAY_AUTH_MODE=disabled $(PY) recipes/arithmetic_demo/main.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -15,7 +15,9 @@ cache). ``with manager:`` switches train -> inference on entry and back on exit:
 2. give the engine its memory back (``engine.resume()``: KV cache, weights where freed);
 3. stream the parameters: each one is all-gathered from its FSDP shards under its Hugging Face name,
    grouped into buckets of at most ``bucket_bytes``, handed to ``engine.update_weights`` and freed.
-   No rank ever holds more than one bucket of gathered weights on top of the engine's own copy;
+   No rank holds more than one bucket of gathered weights (plus the tensor that opens the next
+   bucket) on top of the engine's own copy. The engine's reload may add its own transient copies
+   (vLLM's CPU build rebuilds each layer before copying it in: 16-28 MiB on a 90 MiB model);
 4. offload the FSDP parameter shards to host memory if asked (after streaming, because the
    all-gather runs on the training device).
 

@@ -72,6 +72,10 @@ class PeakMemoryTracker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            # Freed-but-resident heap (e.g. the last update's activations) would otherwise be reused
+            # by the block without showing in RSS, and the measured rise would understate its cost.
+            return_freed_host_memory()
         self.start_bytes = self.peak_bytes = current_memory_bytes(self.device)
         if self.device.type != "cuda":
             self._thread = threading.Thread(target=self._poll, name="rss-sampler", daemon=True)

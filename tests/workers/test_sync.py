@@ -82,11 +82,14 @@ def test_update_reaches_the_engine(synced):
     assert engine_gap(synced["after"], synced["after_ref"]) > 0.05
 
 
-def test_streaming_adds_at_most_one_bucket(synced, policy_dir):
+def test_streaming_never_holds_a_full_copy(synced, policy_dir):
     metrics = synced["after"].meta["rollout_metrics"]
     streamed = metrics["resharding/to_inference_streamed_mb"] * 2**20
     extra = metrics["resharding/to_inference_stream_extra_peak_mb"] * 2**20
+    model_bytes = policy_bytes(policy_dir)
     print(f"streamed {streamed / 2**20:.1f} MB, extra peak {extra / 2**20:.1f} MB, bucket {BUCKET_BYTES / 2**20:.0f} MB")
-    assert streamed == pytest.approx(policy_bytes(policy_dir), rel=0.01)
-    # A full gathered copy would add ~100 MB; allow one bucket plus 4 MB of allocator noise.
-    assert extra <= BUCKET_BYTES + (4 << 20)
+    assert streamed == pytest.approx(model_bytes, rel=0.01)
+    # Gathering the full state first would add the whole model (90 MiB) on top of the engine's copy.
+    # Streaming adds one bucket plus the tensor that opens the next one (<= 11 MiB here), and vLLM's
+    # reload builds each layer anew before copying it in (16-28 MiB measured, docs/benchmarks.md).
+    assert extra < 0.6 * model_bytes
