@@ -8,9 +8,13 @@ because starting vLLM pins torch's thread settings for the rest of the process. 
 untimed warm-up call (torch.compile, allocator) before the timed one.
 
 Throughput counts generated tokens (the response masks' sum) per second of the timed ``generate``.
+``--hf-prompts K`` times the HF engine on the first K prompts only: it generates ``--hf-batch-rows``
+rows at a time, one batch after another, so K * n = hf-batch-rows rows measure the same rate in an
+eighth of the time. Numbers and settings are in docs/rollout.md.
 
 Run:  python benchmarks/bench_rollout.py [--dtype bfloat16] [--num-prompts 64] [--n 8]
-          [--max-new-tokens 128] [--kv-cache-mib 512] [--hf-batch-rows 64] [--engines vllm,hf]
+          [--max-new-tokens 128] [--kv-cache-mib 1024] [--max-num-seqs 512] [--hf-batch-rows 64] [--hf-prompts K]
+          [--engines vllm,hf]
 """
 
 from __future__ import annotations
@@ -72,9 +76,16 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--kv-cache-mib", type=int, default=512)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--kv-cache-mib", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=512)
     parser.add_argument("--hf-batch-rows", type=int, default=64)
+    parser.add_argument(
+        "--hf-prompts",
+        type=int,
+        default=None,
+        help="time the HF engine on only the first K prompts: it generates hf-batch-rows rows at a "
+        "time, so K * n = hf-batch-rows measures its rate in a fraction of the time (default: all)",
+    )
     parser.add_argument("--engines", default="vllm,hf")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -108,9 +119,13 @@ def main() -> None:
     results: dict[str, float] = {}
     if "hf" in engines:
         hf = HFRolloutEngine(model, (EOS,), PAD, seed=args.seed, max_batch_rows=args.hf_batch_rows)
-        tokens, seconds = timed_generate(hf, prompts, sampling)
+        hf_prompts = prompts if args.hf_prompts is None else prompts[: args.hf_prompts]
+        tokens, seconds = timed_generate(hf, hf_prompts, sampling)
         results["hf"] = tokens / seconds
-        print(f"hf:   {tokens} tokens in {seconds:.1f} s = {results['hf']:.0f} tokens/s")
+        print(
+            f"hf:   {len(hf_prompts)} prompts x n={args.n}: {tokens} tokens in {seconds:.1f} s "
+            f"= {results['hf']:.0f} tokens/s"
+        )
     if "vllm" in engines:
         with tempfile.TemporaryDirectory() as model_dir:
             save_model_dir(model, None, model_dir)
