@@ -6,6 +6,7 @@ import io
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,4 +132,9 @@ def test_wandb_offline_run_is_written_under_the_output_dir(tmp_path, monkeypatch
     ) as logger:
         logger.log({"unit_test_metric/mean": 0.125}, 1)
     (run_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    # wandb's service process may still be flushing the run file when finish() returns (seen on a
+    # loaded host): wait for the record rather than read once.
+    deadline = time.monotonic() + 60
+    while b"unit_test_metric/mean" not in Path(run_file).read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert b"unit_test_metric/mean" in Path(run_file).read_bytes()
