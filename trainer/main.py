@@ -10,12 +10,23 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.config import ConfigError, load_config
 from trainer.ray_runtime import start_ray
 from trainer.rl_trainer import RLTrainer
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "run_config_file"]
+
+
+def run_config_file(
+    path: str | Path | None, overrides: Sequence[str] = (), ray_address: str | None = None
+) -> dict[str, float]:
+    """Load and validate a config, start (or join) Ray, and train; returns the last validation metrics."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(path, overrides)
+    with start_ray(config, ray_address), RLTrainer(config) as trainer:
+        return trainer.fit()
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
@@ -24,10 +35,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after the file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config(args.config, args.overrides)
-    with start_ray(config, args.ray_address), RLTrainer(config) as trainer:
-        return trainer.fit()
+    return run_config_file(args.config, args.overrides, args.ray_address)
 
 
 def cli() -> None:

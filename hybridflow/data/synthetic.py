@@ -178,3 +178,19 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 if __name__ == "__main__":
     main()
+
+
+def ensure_arithmetic_splits(
+    out_dir: str | os.PathLike[str],
+    num_train: int = 7600,
+    num_test: int = 500,
+    digits: int = 2,
+    style: str = "bare",
+    seed: int = 0,
+) -> Path:
+    """Write the arithmetic task's ``train.parquet`` and ``test.parquet`` under ``out_dir`` unless
+    they are already there; returns ``out_dir``. Recipes call this before loading their config."""
+    out = Path(out_dir)
+    if not (out / "train.parquet").exists() or not (out / "test.parquet").exists():
+        write_splits(arithmetic_rows(num_train, num_test, digits=digits, style=style, seed=seed), out, ("parquet",))
+    return out
