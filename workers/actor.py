@@ -36,6 +36,7 @@ from hybridflow.parallel import (
     padded_log_probs,
     reshard_all,
     shard_model,
+    training_attn_implementation,
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
@@ -119,6 +120,9 @@ class ActorRolloutRefWorker(Worker):
     def _load_sharded(self, trainable: bool) -> nn.Module:
         config = self.model_config
         model = load_causal_lm(config.path, getattr(torch, config.dtype)).to(self.device)
+        # Packed rows need per-sequence attention; plain sdpa would build a dense mask over all of
+        # a micro-batch's tokens (measured 3.6x slower for the log-prob pass on a 25M model).
+        model.set_attn_implementation(training_attn_implementation(self.device.type))
         model.requires_grad_(trainable)
         mp_policy = None
         if config.param_dtype is not None:
