@@ -41,19 +41,18 @@ import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from hybridflow.parallel.launch import run_ranks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -295,52 +294,6 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rank_main(rank: int, world: int, port: int, opts: dict[str, Any], queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        queue.put((rank, "ok", _rank_job(rank, world, opts)))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-        raise
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_ranks(world: int, opts: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
-    """Spawn ``world`` ranks running `_rank_job`; kill them all if any fails or time runs out.
-
-    The group is never destroyed in the ranks: vLLM must live until its process ends.
-    """
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = _free_port()
-    processes = [
-        context.Process(target=_rank_main, args=(rank, world, port, opts, queue), daemon=True)
-        for rank in range(world)
-    ]
-    for process in processes:
-        process.start()
-    results: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in range(world):
-            rank, status, value = queue.get(timeout=timeout_s)
-            if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
-        for process in processes:
-            process.join(timeout=60)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-    return [results[rank] for rank in range(world)]
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -451,6 +404,7 @@ def print_table(tp: int, summaries: dict[str, dict[str, float]], checks: dict[st
 
 
 def main() -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # inherited by the spawned ranks
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -498,7 +452,7 @@ def main() -> int:
                 "breakdown": args.breakdown,
             }
             start = time.perf_counter()
-            per_rank = run_ranks(2, opts, args.timeout_s)
+            per_rank = run_ranks(_rank_job, 2, opts, timeout_s=args.timeout_s)
             rows = merge_ranks(per_rank)
             summaries = {m: summarize(rows, m) for m in dict.fromkeys(r["method"] for r in rows)}
             checks = check_tokens(rows)

@@ -35,7 +35,7 @@ from hybridflow.parallel import (
 
 # The attention kwargs for a packed row depend on the attention kernel; the actor's forward and this
 # one must agree, so the one implementation is reused (it is not exported by hybridflow.parallel).
-from hybridflow.parallel.model_forward import _packing_kwargs
+from hybridflow.parallel.model_forward import packing_kwargs
 from hybridflow.protocol import Batch
 from workers.config import CriticConfig, ModelConfig
 from workers.training import (
@@ -81,7 +81,7 @@ class TokenHeadModel(nn.Module):
         """
         if packed:
             rows = pack_sequences(input_ids, attention_mask)
-            kwargs = _packing_kwargs(self.model, rows)
+            kwargs = packing_kwargs(self.model, rows)
             hidden = self.model(input_ids=rows.input_ids, use_cache=False, **kwargs).last_hidden_state
             # A copy, not the view unpack_tokens returns: FSDP2 hooks the root's outputs for backward,
             # and an in-place op on a view would bypass that hook.

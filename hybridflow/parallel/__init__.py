@@ -2,6 +2,7 @@
 
 from hybridflow.parallel.checkpointing import apply_activation_checkpointing
 from hybridflow.parallel.fsdp import default_mixed_precision, find_decoder_layers, reshard_all, shard_model
+from hybridflow.parallel.launch import run_ranks
 from hybridflow.parallel.logprobs import token_log_probs
 from hybridflow.parallel.mesh import (
     DpRankInfo,
@@ -13,7 +14,12 @@ from hybridflow.parallel.mesh import (
     mesh_dp_rank_info,
 )
 from hybridflow.parallel.microbatch import MicroBatchPlan, agree_micro_batch_count, plan_micro_batches
-from hybridflow.parallel.model_forward import TokenLogProbs, packed_log_probs, padded_log_probs
+from hybridflow.parallel.model_forward import (
+    TokenLogProbs,
+    packed_log_probs,
+    packing_kwargs,
+    padded_log_probs,
+)
 from hybridflow.parallel.offload import (
     TransferStats,
     free_gradients,
@@ -58,10 +64,12 @@ __all__ = [
     "offload_optimizer_state",
     "pack_sequences",
     "packed_log_probs",
+    "packing_kwargs",
     "padded_log_probs",
     "plan_micro_batches",
     "position_ids_from_mask",
     "reshard_all",
+    "run_ranks",
     "sequence_runs",
     "shard_model",
     "token_log_probs",

@@ -94,7 +94,7 @@ def _head_scores_labels(
         del head.forward
 
 
-def _packing_kwargs(model: nn.Module, packed: PackedSequences) -> dict:
+def packing_kwargs(model: nn.Module, packed: PackedSequences) -> dict:
     """Model kwargs that make attention respect the sequence boundaries of ``packed``."""
     impl = str(getattr(model.config, "_attn_implementation", ""))
     kwargs: dict = {"position_ids": packed.position_ids, "attention_mask": None}
@@ -133,7 +133,7 @@ def packed_log_probs(
     # Token j's distribution scores token j + 1; at a sequence's last token that would be the next
     # sequence's first token, and those entries are dropped below.
     labels = torch.roll(packed.input_ids, shifts=-1, dims=1).flatten()
-    kwargs = _packing_kwargs(model, packed)
+    kwargs = packing_kwargs(model, packed)
     with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
         stats = model(input_ids=packed.input_ids, use_cache=False, **kwargs).logits[0]
     # Move each score from the predicting token to the predicted one. A sequence's first token has no

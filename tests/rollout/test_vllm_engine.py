@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from hybridflow.parallel.launch import run_ranks
 from tests.rollout import _vllm_job
-from tests.rollout._launch import run_ranks
 
 pytest.importorskip("vllm")
 

@@ -1,4 +1,9 @@
-"""Run a function on the ranks of a fresh gloo process group and collect what each rank returns."""
+"""`run_ranks`: run a function on the ranks of a fresh local gloo group and collect each rank's result.
+
+For single-machine SPMD jobs without Ray (tests, benchmarks): each rank is a spawned process that
+joins a gloo group over 127.0.0.1 before calling the function. The group is never destroyed in the
+ranks, because a vLLM engine built inside it must live until its process ends.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+__all__ = ["run_ranks"]
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
