@@ -44,7 +44,7 @@ from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
 from workers.config import ActorConfig, ModelConfig
-from workers.objective import ActorLoss, PolicyObjective
+from workers.objective import ActorLoss
 from workers.training import (
     build_lr_scheduler,
     build_optimizer,
@@ -242,20 +242,15 @@ class ActorRolloutRefWorker(Worker):
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
         ``old_log_probs``, ``advantages`` (and ``ref_log_probs`` for a KL loss). ``loss_fn``
-        defaults to the `PolicyObjective` of the actor config. Each micro-batch's loss is normalised
-        by the global mini-batch token and row counts, so the update does not depend on the
-        micro-batch size or the number of ranks. Returns metrics averaged over mini-batches.
+        defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
+        micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
+        does not depend on the micro-batch size or the number of ranks. Returns metrics averaged over
+        mini-batches.
         """
         config = self.actor_config
-        loss_fn = loss_fn or PolicyObjective(
-            config.policy_loss,
-            dict(config.policy_loss_params),
-            config.loss_agg_mode,
-            config.loss_norm_constant,
-            config.entropy_coef,
-            config.kl_loss_coef,
-            config.kl_estimator,
-        )
+        if loss_fn is None:
+            # Resolved on the controller: a recipe's registered functions came with the config.
+            loss_fn = config.objective
         temperature = batch.meta.get("temperature", 1.0)
         self.model.train()
         totals: dict[str, float] = defaultdict(float)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from hybridflow.algos import AGGREGATION_MODES
+from workers.objective import PolicyObjective
 
 __all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig", "RewardModelConfig"]
 
@@ -91,6 +95,10 @@ class ActorConfig:
         entropy_coef: weight of the entropy bonus.
         kl_loss_coef: weight of a KL-to-reference term in the loss (0 disables it).
         kl_estimator: registered KL estimator for the KL loss.
+
+    The three registered names are resolved when the config is built (`objective`), so build it in
+    the controller process: a recipe's own policy loss, aggregation mode or KL estimator then reaches
+    the workers with the config, and an unknown name fails here, listing the valid ones.
     """
 
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -115,6 +123,22 @@ class ActorConfig:
         for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+        objective = PolicyObjective(
+            self.policy_loss,
+            dict(self.policy_loss_params),
+            self.loss_agg_mode,
+            self.loss_norm_constant,
+            self.entropy_coef,
+            self.kl_loss_coef,
+            self.kl_estimator,
+        )
+        # Not a field (kept out of equality, repr and config dumps) but pickled with the config.
+        object.__setattr__(self, "_objective", objective)
+
+    @property
+    def objective(self) -> PolicyObjective:
+        """The default loss of ``update_actor``, its functions resolved when this config was built."""
+        return self._objective  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -131,7 +155,8 @@ class CriticConfig:
         seed: seed of the shuffle and of the value head's initial weights (the same on every rank).
         cliprange_value: clip range of the PPO clipped value loss, in the unit of the returns;
             ``None`` gives the plain squared error.
-        loss_agg_mode: registered aggregation of the value loss.
+        loss_agg_mode: registered aggregation of the value loss; resolved when the config is built
+            (`aggregation`), as for `ActorConfig`.
         loss_norm_constant: the constant of ``seq-mean-token-sum-norm``.
     """
 
@@ -155,6 +180,13 @@ class CriticConfig:
                 raise ValueError(f"critic.{key} must be >= 1, got {getattr(self, key)}")
         if self.cliprange_value is not None and self.cliprange_value <= 0:
             raise ValueError(f"critic.cliprange_value must be > 0 or None, got {self.cliprange_value}")
+        object.__setattr__(self, "_aggregation", AGGREGATION_MODES.get(self.loss_agg_mode))
+
+    @property
+    def aggregation(self) -> Callable[..., Any]:
+        """The function ``loss_agg_mode`` named when this config was built (pass it as the value loss's
+        ``loss_agg_mode``: unlike the name, it is known in every worker process)."""
+        return self._aggregation  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

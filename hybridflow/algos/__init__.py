@@ -38,6 +38,11 @@ Adding one from a recipe
 then set ``adv_estimator: median_baseline`` in the config. The same works with
 ``register_policy_loss``, ``register_kl_estimator`` and ``register_aggregation_mode``. Unknown
 names raise :class:`UnknownNameError` listing the valid choices.
+
+Worker processes never import the recipe, so the actor resolves its names to functions on the
+controller (``workers.config.ActorConfig.objective``) and ships the functions: hence the helpers
+(``aggregate_loss``, ``compute_kl``, ``compute_policy_loss``) and every ``loss_agg_mode`` argument
+take a registered name or the function itself (:meth:`Registry.resolve`).
 """
 
 from hybridflow.algos.advantages import (

@@ -43,6 +43,8 @@ make a batch divisible by the world size, contribute nothing and are not counted
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -50,6 +52,7 @@ from hybridflow.algos.masked import masked_sum
 from hybridflow.algos.registry import AGGREGATION_MODES, register_aggregation_mode
 
 __all__ = [
+    "AggregationMode",
     "aggregate_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
@@ -58,6 +61,9 @@ __all__ = [
 ]
 
 Count = int | float | Tensor | None
+# A registered name, or the function itself (as the actor ships it to its workers, which may not
+# know a name that a recipe registered in the controller process).
+AggregationMode = str | Callable[..., Tensor]
 
 
 def _nonzero(count: int | float | Tensor) -> int | float | Tensor:
@@ -163,12 +169,15 @@ def seq_mean_token_sum_norm(
 def aggregate_loss(
     loss_mat: Tensor,
     mask: Tensor,
-    mode: str = "token-mean",
+    mode: AggregationMode = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,
 ) -> Tensor:
     """Reduce ``loss_mat [batch, response_len]`` over valid tokens with the registered ``mode``.
+
+    ``mode`` is a name in ``AGGREGATION_MODES`` or an aggregation function of that calling
+    convention (e.g. one resolved from a name in another process); both are called the same way.
 
     See the module docstring for the modes' formulas and for how ``global_token_count`` /
     ``global_seq_count`` / ``norm_constant`` make micro-batch results sum to the full-batch value.
@@ -176,7 +185,7 @@ def aggregate_loss(
     Raises:
         UnknownNameError: unknown ``mode`` (the message lists the valid ones).
     """
-    fn = AGGREGATION_MODES.get(mode)
+    fn = AGGREGATION_MODES.resolve(mode)
     return fn(  # type: ignore[return-value]
         loss_mat,
         mask,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybridflow.algos.aggregation import Count, aggregate_loss
+from hybridflow.algos.aggregation import AggregationMode, Count, aggregate_loss
 
 __all__ = ["entropy_bonus", "entropy_from_logits"]
 
@@ -29,7 +29,7 @@ def entropy_bonus(
     coef: float,
     logits: Tensor | None = None,
     entropy: Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: AggregationMode = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,

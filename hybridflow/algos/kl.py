@@ -18,6 +18,7 @@ or mask it in :func:`apply_kl_penalty`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,13 +78,16 @@ def kl_k3(log_prob: Tensor, ref_log_prob: Tensor, *, clamp: float | None = 10.0)
     return kl.clamp(min=0.0, max=clamp)
 
 
-def compute_kl(log_prob: Tensor, ref_log_prob: Tensor, estimator: str = "k3", **kwargs: Any) -> Tensor:
-    """Per-token KL ``[batch, response_len]`` (nats) with the estimator registered as ``estimator``.
+def compute_kl(
+    log_prob: Tensor, ref_log_prob: Tensor, estimator: str | Callable[..., Tensor] = "k3", **kwargs: Any
+) -> Tensor:
+    """Per-token KL ``[batch, response_len]`` (nats) with the estimator registered as ``estimator``
+    (or, given a function instead of a name, with that function).
 
     Raises:
         UnknownNameError: unknown estimator (the message lists the valid ones).
     """
-    return KL_ESTIMATORS.get(estimator)(log_prob, ref_log_prob, **kwargs)  # type: ignore[return-value]
+    return KL_ESTIMATORS.resolve(estimator)(log_prob, ref_log_prob, **kwargs)  # type: ignore[return-value]
 
 
 def apply_kl_penalty(

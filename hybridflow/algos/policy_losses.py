@@ -12,6 +12,10 @@ Calling convention (shared by every registered policy loss)::
 * ``advantages``: ``[batch, response_len]``;
 * ``response_mask``: ``[batch, response_len]``, 1 for tokens that enter the loss;
 * the aggregation arguments are passed to :func:`hybridflow.algos.aggregation.aggregate_loss`.
+  ``loss_agg_mode`` is a registered name or the aggregation function itself: the actor's
+  `PolicyObjective` passes the function it resolved on the controller, so that a mode a recipe
+  registered there works in the worker processes too. Hand it on to ``aggregate_loss`` (which
+  takes either) rather than comparing it with names.
 
 ``loss`` is a scalar to minimise. ``metrics`` maps names to detached scalar tensors (no ``.item()``
 here, so no device sync), each a mean over this call's valid tokens:
@@ -24,12 +28,13 @@ here, so no device sync), each a mean over this call's valid tokens:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from hybridflow.algos.aggregation import Count, aggregate_loss
+from hybridflow.algos.aggregation import AggregationMode, Count, aggregate_loss
 from hybridflow.algos.masked import LOG_RATIO_CLAMP, masked_mean, masked_sum
 from hybridflow.algos.registry import POLICY_LOSSES, register_policy_loss
 
@@ -64,7 +69,7 @@ def ppo_clip_loss(
     clip_eps_low: float = 0.2,
     clip_eps_high: float | None = None,
     dual_clip_c: float | None = None,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: AggregationMode = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,
@@ -128,7 +133,7 @@ def gspo_loss(
     *,
     clip_eps_low: float = 3e-4,
     clip_eps_high: float | None = 4e-4,
-    loss_agg_mode: str = "seq-mean-token-mean",
+    loss_agg_mode: AggregationMode = "seq-mean-token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,
@@ -186,7 +191,7 @@ def reinforce_loss(
     response_mask: Tensor,
     *,
     max_importance_weight: float | None = None,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: AggregationMode = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,
@@ -233,17 +238,18 @@ def reinforce_loss(
 
 
 def compute_policy_loss(
-    name: str,
+    name: str | Callable[..., tuple[Tensor, dict[str, Tensor]]],
     log_prob: Tensor,
     old_log_prob: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     **kwargs: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Call the policy loss registered as ``name`` (see module docstring for the convention).
+    """Call the policy loss registered as ``name`` (see module docstring for the convention); a
+    function in place of the name is called as it is.
 
     Raises:
         UnknownNameError: unknown ``name`` (the message lists the valid ones).
     """
-    fn = POLICY_LOSSES.get(name)
+    fn = POLICY_LOSSES.resolve(name)
     return fn(log_prob, old_log_prob, advantages, response_mask, **kwargs)  # type: ignore[return-value]

@@ -102,6 +102,21 @@ class Registry(Generic[F]):
         except (KeyError, TypeError):
             raise UnknownNameError(self._unknown_message(name)) from None
 
+    def resolve(self, entry: str | F) -> F:
+        """The function ``entry`` stands for: a name is looked up with :meth:`get`, a callable is returned
+        as it is.
+
+        Resolving a name in the process where a recipe registered it (the controller) and shipping the
+        function lets worker processes, which never import the recipe, call it: the algorithm helpers
+        (``aggregate_loss``, ``compute_kl``, ``compute_policy_loss``) accept either form.
+
+        Raises:
+            UnknownNameError: ``entry`` is neither callable nor a registered name.
+        """
+        if callable(entry):
+            return entry
+        return self.get(entry)
+
     def names(self) -> tuple[str, ...]:
         """The registered names, sorted."""
         return tuple(sorted(self._entries))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybridflow.algos.aggregation import Count, aggregate_loss
+from hybridflow.algos.aggregation import AggregationMode, Count, aggregate_loss
 from hybridflow.algos.masked import masked_mean
 
 __all__ = ["clipped_value_loss"]
@@ -18,7 +18,7 @@ def clipped_value_loss(
     response_mask: Tensor,
     *,
     cliprange_value: float | None = 0.2,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: AggregationMode = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
     norm_constant: float | None = None,

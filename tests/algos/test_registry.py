@@ -171,6 +171,43 @@ def test_custom_policy_loss_kl_and_aggregation_are_found_by_name(scratch_names):
     assert_close(loss, torch.tensor(-3.0))
 
 
+def test_resolve_looks_names_up_and_passes_functions_through():
+    reg = Registry("widget")
+
+    def double(x):
+        return 2 * x
+
+    reg.add("double", double)
+    assert reg.resolve("double") is double
+    assert reg.resolve(abs) is abs  # a function need not be registered
+    with pytest.raises(UnknownNameError, match="valid choices: double"):
+        reg.resolve("triple")
+
+
+def test_algorithm_helpers_take_functions_in_place_of_names():
+    """What a worker process does with the functions resolved on the controller: no registry lookup."""
+
+    def total(loss_mat, mask, *, global_token_count=None, global_seq_count=None, norm_constant=None):
+        return (loss_mat * mask).sum()
+
+    def abs_kl(log_prob, ref_log_prob):
+        return (log_prob - ref_log_prob).abs()
+
+    def neg_adv(log_prob, old_log_prob, advantages, response_mask, *, loss_agg_mode="token-mean", **_):
+        return aggregate_loss(-advantages, response_mask, loss_agg_mode), {}
+
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss_mat = torch.tensor([[1.0, 2.0, 100.0]])
+    assert_close(aggregate_loss(loss_mat, mask, total), torch.tensor(3.0))
+    assert_close(compute_kl(torch.tensor([[-1.0]]), torch.tensor([[-3.0]]), abs_kl), torch.tensor([[2.0]]))
+    zeros = torch.zeros(1, 3)
+    loss, _ = compute_policy_loss(neg_adv, zeros, zeros, loss_mat, mask, loss_agg_mode=total)
+    assert_close(loss, torch.tensor(-3.0))
+    # A built-in loss hands a function-valued loss_agg_mode on to aggregate_loss.
+    loss, _ = compute_policy_loss("reinforce", zeros, zeros, loss_mat, mask, loss_agg_mode=total)
+    assert_close(loss, torch.tensor(-3.0))
+
+
 def test_compute_advantage_rejects_unknown_parameter_and_lists_accepted():
     data = {
         "scores": torch.tensor([1.0, 0.0]),

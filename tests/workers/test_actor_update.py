@@ -6,6 +6,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hybridflow.algos import (
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    UnknownNameError,
+    aggregate_loss,
+    masked_mean,
+    register_aggregation_mode,
+    register_kl_estimator,
+    register_policy_loss,
+)
 from hybridflow.models.io import load_causal_lm
 from hybridflow.protocol import Batch
 from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
@@ -31,15 +42,26 @@ def objective():
 
 def reference_step(policy_dir, batch: Batch, objective: PolicyObjective) -> dict[str, torch.Tensor]:
     """The same update done in this process, on the full batch at once, without packing."""
+    return reference_step_with_metrics(policy_dir, batch, objective)[0]
+
+
+def reference_step_with_metrics(
+    policy_dir, batch: Batch, objective: PolicyObjective
+) -> tuple[dict[str, torch.Tensor], dict[str, float], torch.Tensor]:
+    """`reference_step`, also returning the objective's metrics and the log-probs before the step."""
     model = load_causal_lm(policy_dir).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=ADAM.lr, betas=ADAM.betas, weight_decay=ADAM.weight_decay)
-    out = sequence_log_probs(model, batch, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=ADAM.lr, betas=ADAM.betas, weight_decay=ADAM.weight_decay
+    )
+    out = sequence_log_probs(
+        model, batch, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False
+    )
     mask = batch["response_mask"]
-    loss, _ = objective(out.log_probs, None, batch, float(mask.sum()), float(len(batch)))
+    loss, metrics = objective(out.log_probs, None, batch, float(mask.sum()), float(len(batch)))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), ADAM.grad_clip)
     optimizer.step()
-    return {k: v.detach() for k, v in model.state_dict().items()}
+    return {k: v.detach() for k, v in model.state_dict().items()}, metrics, out.log_probs.detach()
 
 
 def assert_same_weights(actual: dict, expected: dict, atol: float) -> None:
@@ -123,3 +145,87 @@ def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, reference(ids).logits, rtol=0, atol=0)
         assert not torch.equal(load_causal_lm(policy_dir)(ids).logits, reference(ids).logits)
+
+
+def test_unknown_loss_names_fail_on_the_controller():
+    with pytest.raises(UnknownNameError, match=r"valid choices: .*ppo_clip.*did you mean 'ppo_clip'"):
+        ActorConfig(policy_loss="ppo_clp")
+    with pytest.raises(UnknownNameError, match="unknown loss aggregation mode 'token_mean'"):
+        ActorConfig(loss_agg_mode="token_mean")
+    with pytest.raises(UnknownNameError, match="unknown kl estimator 'k4'"):
+        ActorConfig(kl_estimator="k4")
+
+
+def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, policy_dir):
+    """A policy loss, aggregation mode and KL estimator registered in this (driver) process only, as a
+    recipe script run as ``__main__`` registers them, drive ``update_actor`` in the worker processes."""
+
+    # Defined in the test function: the worker processes cannot import them, so they reach the workers
+    # only by value with the pickled config, like the functions of a recipe's ``__main__``.
+    def position_weighted(
+        loss_mat, mask, *, global_token_count=None, global_seq_count=None, norm_constant=None
+    ):
+        weights = torch.arange(1, loss_mat.shape[-1] + 1, dtype=loss_mat.dtype)
+        count = global_token_count if global_token_count is not None else mask.sum()
+        return (loss_mat * weights * mask).sum() / count
+
+    def linear_pg(log_prob, old_log_prob, advantages, response_mask, *, scale=1.0, loss_agg_mode, **counts):
+        loss = aggregate_loss(-scale * advantages * log_prob, response_mask, loss_agg_mode, **counts)
+        return loss, {"marker": masked_mean(torch.full_like(log_prob, 7.0), response_mask)}
+
+    def abs_kl(log_prob, ref_log_prob):
+        return (log_prob - ref_log_prob).abs()
+
+    names = ("test_actor_update.linear_pg", "test_actor_update.position_weighted", "test_actor_update.abs_kl")
+    register_policy_loss(names[0])(linear_pg)
+    register_aggregation_mode(names[1])(position_weighted)
+    register_kl_estimator(names[2])(abs_kl)
+    try:
+        config = ActorConfig(
+            optim=ADAM,
+            mini_batch_size=ROWS,
+            micro_batch_size=2,
+            policy_loss=names[0],
+            policy_loss_params={"scale": 2.0},
+            loss_agg_mode=names[1],
+            kl_loss_coef=0.5,
+            kl_estimator=names[2],
+        )
+    finally:
+        # The config carries the functions from here on; the registries are left as they were.
+        POLICY_LOSSES.unregister(names[0])
+        AGGREGATION_MODES.unregister(names[1])
+        KL_ESTIMATORS.unregister(names[2])
+
+    batch = training_batch(ROWS, seed=4)
+    generator = torch.Generator().manual_seed(5)
+    ref_log_probs = batch["old_log_probs"] + 0.3 * torch.randn(
+        batch["old_log_probs"].shape, generator=generator
+    )
+    batch = batch | Batch({"ref_log_probs": ref_log_probs * batch["response_mask"]})
+
+    group, pool = actor_group(policy_dir, 2, config, name="registered")
+    try:
+        metrics = group.update_actor(batch)[0]
+        updated = group.gather_full_state()[0]
+    finally:
+        group.hosts.shutdown()
+        pool.release()
+
+    expected, expected_metrics, log_probs = reference_step_with_metrics(policy_dir, batch, config.objective)
+    # By hand: the position-weighted sum over valid tokens, over the batch's valid-token count.
+    mask = batch["response_mask"].float()
+    weights = torch.arange(1, mask.shape[1] + 1, dtype=torch.float32)
+    tokens = mask.sum()
+    pg_loss = (-2.0 * batch["advantages"] * log_probs * weights * mask).sum() / tokens
+    kl_loss = ((log_probs - batch["ref_log_probs"]).abs() * weights * mask).sum() / tokens
+    assert expected_metrics["actor/pg_loss"] == pytest.approx(pg_loss.item(), rel=1e-5)
+    assert metrics["actor/pg_loss"] == pytest.approx(pg_loss.item(), rel=1e-5)
+    assert metrics["actor/kl_loss"] == pytest.approx(kl_loss.item(), rel=1e-5)
+    assert metrics["actor/marker"] == pytest.approx(7.0)
+    assert "actor/clip_frac" not in metrics
+
+    default_step = reference_step(policy_dir, batch, PolicyObjective(kl_loss_coef=0.5))
+    apart = max((expected[k] - default_step[k]).abs().max().item() for k in expected)
+    assert apart > 100 * ATOL, "the registered loss must move the weights unlike the default one"
+    assert_same_weights(updated, expected, ATOL)
