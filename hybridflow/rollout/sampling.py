@@ -23,8 +23,11 @@ class SamplingParams:
         max_new_tokens: most tokens generated per sample; also the width of the response columns.
         stop_token_ids: tokens that end a sample in addition to the engine's end-of-sequence ids. The
             stop token is part of the response (it is sampled and trained on like any other token).
-        seed: makes the call reproducible: the same seed, prompts and weights give the same samples.
-            ``None`` draws a fresh seed from the engine's own stream, so successive calls differ.
+        seed: makes the call reproducible: the same seed, prompts, weights and engine settings give
+            the same samples. Each data-parallel engine samples with its own seed derived from this one
+            (`hybridflow.rollout.seeding.data_parallel_seed`), so dp ranks draw independent samples;
+            the TP ranks of one engine share it. ``None`` draws a fresh seed from the engine's own
+            stream, so successive calls differ.
     """
 
     n: int = 1

@@ -108,6 +108,9 @@ def engine_checks(rank: int, world_size: int, tp: int, model_dir: Path) -> dict[
             out["rollout_log_probs"], response_log_probs(model, out, sampling), out["response_mask"]
         )
 
+    # An explicit seed reproduces this engine's own samples (other dp engines derive other seeds).
+    results["filtered_again"] = _tokens(engine.generate(prompts, FILTERED))
+
     # 64 seeded samples: their prompts take several scheduler steps to prefill. A sample depends on
     # its own request's seed only, so the first prompts sample alike in a small and a large call.
     many = Batch.concat([prompts] * 4)

@@ -69,9 +69,16 @@ def test_tp_ranks_agree_and_dp_ranks_sample_independently(ranks: tuple[int, list
         assert rank0["dist_ident"].startswith("hybridflow-")
         assert rank0["shm_segments_left"] == rank1["shm_segments_left"] == []
     else:
-        # Two dp ranks: the engine seeds differ, so fresh samples differ; an explicit seed is shared.
+        # Two dp ranks: the engine seeds differ, so fresh samples differ, and so do samples with one
+        # explicit seed (each dp engine derives its own from it).
         assert rank0["plain_tokens"] != rank1["plain_tokens"]
-        assert rank0["filtered_tokens"] == rank1["filtered_tokens"]
+        assert rank0["filtered_tokens"] != rank1["filtered_tokens"]
+
+
+def test_explicit_seed_reproduces_each_ranks_samples(ranks: tuple[int, list[dict[str, Any]]]) -> None:
+    _, results = ranks
+    for result in results:
+        assert result["filtered_again"] == result["filtered_tokens"]
 
 
 def test_weight_push_switches_to_the_new_weights(ranks: tuple[int, list[dict[str, Any]]]) -> None:
