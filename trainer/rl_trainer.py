@@ -4,7 +4,8 @@ One step, in the order the data flows (the controller only moves Batches; weight
 
     prompts   = next(data)                                   # [B] prompts
     rollouts  = actor.generate_sequences(prompts, sampling)  # [B*n] rows, inference layout
-    rollouts |= reward(rollouts)                             # scores, on the controller's pool
+    rollouts |= reward(rollouts)                             # scores, on the controller's pool,
+                                                             # + weight * reward-model scores if set
     rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout
     rollouts |= ref.compute_ref_log_prob(rollouts)           # if a KL term is used
     rollouts |= critic.compute_values(rollouts)              # PPO only
@@ -20,7 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +65,15 @@ class RLTrainer:
         self.tokenizer = load_tokenizer(config, self.model_dir)
         data = config.data
         self.train_data = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length)
-        self.val_data = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length) if data.val_files else None
+        self.val_data = (
+            PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length) if data.val_files else None
+        )
         self.loader = PromptLoader(
-            self.train_data, data.train_batch_size, self.tokenizer.pad_token_id, seed=data.seed, shuffle=data.shuffle
+            self.train_data,
+            data.train_batch_size,
+            self.tokenizer.pad_token_id,
+            seed=data.seed,
+            shuffle=data.shuffle,
         )
         steps_per_epoch = len(self.loader)
         if steps_per_epoch == 0:
@@ -72,11 +81,6 @@ class RLTrainer:
                 f"data.train_batch_size={data.train_batch_size} exceeds the {len(self.train_data)} training prompts"
             )
         self.total_steps = config.trainer.total_steps or config.trainer.total_epochs * steps_per_epoch
-        self.pools = build_pools(config)
-        self.groups = build_worker_groups(config, self.sizes, self.total_steps, self.model_dir, self.pools)
-        self.actor: RayWorkerGroup = self.groups["actor_rollout"]
-        self.critic: RayWorkerGroup | None = self.groups.get("critic")
-        self.reward = RewardManager(reward_settings(config))
         kl = config.algorithm.kl_ctrl
         self.kl_ctrl = (
             build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
@@ -85,15 +89,36 @@ class RLTrainer:
         )
         self.timer = PhaseTimer()
         self.step = 0
-        self.logger = create_logger(
-            config.trainer.loggers,
-            output_dir=self.output_dir,
-            total_steps=self.total_steps,
-            project=config.trainer.project,
-            experiment=config.trainer.experiment,
-            config=config_to_dict(config),
-            wandb_mode=config.trainer.wandb_mode,
-        )
+        # From here on everything built holds processes, placement groups or open files. Each is
+        # registered for `close` as soon as it exists: if a later part fails, the `with` block stops
+        # what was built (in reverse order) before the error propagates, so a failed construction
+        # leaves nothing running.
+        with ExitStack() as resources:
+            # The reward functions resolve here and their pool starts on the first call: a wrong name
+            # fails before any worker process starts.
+            self.reward = RewardManager(reward_settings(config))
+            resources.callback(self.reward.close)
+            self.pools = build_pools(config)
+            for pool in self.pools.values():
+                resources.callback(pool.release)
+            self.groups = build_worker_groups(
+                config, self.sizes, self.total_steps, self.model_dir, self.pools
+            )
+            resources.callback(self._stop_workers)
+            self.actor: RayWorkerGroup = self.groups["actor_rollout"]
+            self.critic: RayWorkerGroup | None = self.groups.get("critic")
+            self.reward_model: RayWorkerGroup | None = self.groups.get("reward_model")
+            self.logger = create_logger(
+                config.trainer.loggers,
+                output_dir=self.output_dir,
+                total_steps=self.total_steps,
+                project=config.trainer.project,
+                experiment=config.trainer.experiment,
+                config=config_to_dict(config),
+                wandb_mode=config.trainer.wandb_mode,
+            )
+            resources.callback(self.logger.close)
+            self._resources = resources.pop_all()
         self._prompts = self._prompt_stream()
 
     # ------------------------------------------------------------------ the loop
@@ -109,8 +134,10 @@ class RLTrainer:
         while self.step < self.total_steps:
             self.step += 1
             metrics = self.train_step(next(self._prompts))
-            if self.val_data is not None and trainer.val_every and (
-                self.step % trainer.val_every == 0 or self.step == self.total_steps
+            if (
+                self.val_data is not None
+                and trainer.val_every
+                and (self.step % trainer.val_every == 0 or self.step == self.total_steps)
             ):
                 last_val = self.validate()
                 metrics.update(last_val)
@@ -127,11 +154,14 @@ class RLTrainer:
             with timer.phase("generation"):
                 rollouts = self.actor.generate_sequences(prompts, self._sampling())
             rollout_metrics = rollouts.meta.pop("rollout_metrics")
-            rollouts = rollouts | add_group_ids(rollouts, config.rollout.n) | decode_responses(rollouts, self.tokenizer)
+            rollouts = (
+                rollouts
+                | add_group_ids(rollouts, config.rollout.n)
+                | decode_responses(rollouts, self.tokenizer)
+            )
             with timer.phase("reward"):
-                scored = self.reward(rollouts)
-            reward_metrics = scored.meta.pop("reward_metrics")
-            rollouts = rollouts | scored.select("scores", "token_level_scores", meta=False)
+                scored, reward_metrics = self.score(rollouts)
+            rollouts = rollouts | scored
             with timer.phase("log_prob"):
                 rollouts = rollouts | self.actor.compute_log_prob(rollouts.select(*_TRAINING_COLUMNS))
             if config.needs_reference:
@@ -171,10 +201,59 @@ class RLTrainer:
         self._check_sync(metrics)
         return metrics
 
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, rollouts: Batch) -> tuple[Batch, dict[str, float]]:
+        """Score decoded ``rollouts`` (with ``response_text``): the reward functions of ``reward``, plus
+        the reward model when ``reward_model`` is configured.
+
+        Returns a Batch with ``scores [batch]`` and ``token_level_scores [batch, response_len]`` (the
+        score at the last valid response token, 0 elsewhere), and the reward metrics. With a reward
+        model, ``scores = rule_scores + reward_model.weight * rm_scores``, both columns included, and
+        the metrics gain ``reward/model_mean|std|min|max`` and ``reward/model_time_s``.
+        """
+        scored = self.reward(rollouts)
+        metrics = scored.meta.pop("reward_metrics")
+        rule = scored.select("scores", "token_level_scores", meta=False)
+        if self.reward_model is None:
+            return rule, metrics
+        settings = self.config.reward_model
+        assert settings is not None
+        columns = [*_TRAINING_COLUMNS, *(("raw_prompt", "response_text") if settings.tokenizer else ())]
+        started = time.perf_counter()
+        model = self.reward_model.compute_rm_score(rollouts.select(*columns, meta=False))
+        rm_scores = model["rm_scores"].float()
+        metrics.update(
+            {
+                "reward/model_mean": rm_scores.mean().item(),
+                "reward/model_std": rm_scores.std(unbiased=False).item(),
+                "reward/model_min": rm_scores.min().item(),
+                "reward/model_max": rm_scores.max().item(),
+                "reward/model_time_s": time.perf_counter() - started,
+            }
+        )
+        # Both token-level columns hold their score at the last valid response token, so their
+        # weighted sum holds the combined score there, as the rule scores alone do.
+        combined = Batch(
+            {
+                "scores": rule["scores"] + settings.weight * rm_scores,
+                "token_level_scores": rule["token_level_scores"]
+                + settings.weight * model["token_level_rm_scores"].float(),
+                "rule_scores": rule["scores"],
+                "rm_scores": rm_scores,
+            }
+        )
+        return combined, metrics
+
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) answers to every validation prompt: accuracy, mean score, length."""
+        """Greedy (by default) answers to every validation prompt: accuracy, mean score, length.
+
+        ``val/accuracy`` is the share of rows whose reward-function score is at least 1 (the reward
+        model's score does not count towards it); ``val/score_mean`` is the mean of the scores the
+        training steps use, the reward model's included (and then ``val/model_score_mean``).
+        """
         assert self.val_data is not None
         val = self.config.rollout.val_sampling
         sampling = SamplingParams(
@@ -186,21 +265,32 @@ class RLTrainer:
             seed=self.config.rollout.seed,
         )
         loader = PromptLoader(
-            self.val_data, self.config.data.val_batch_size, self.tokenizer.pad_token_id, shuffle=False, drop_last=False
+            self.val_data,
+            self.config.data.val_batch_size,
+            self.tokenizer.pad_token_id,
+            shuffle=False,
+            drop_last=False,
         )
-        scores, lengths = [], []
+        scores, rule_scores, rm_scores, lengths = [], [], [], []
         for prompts in loader:
             rollouts = self.actor.generate_sequences(prompts, sampling)
             rollouts = rollouts | decode_responses(rollouts, self.tokenizer)
-            scores.append(self.reward(rollouts)["scores"])
+            scored, _ = self.score(rollouts)
+            scores.append(scored["scores"])
+            rule_scores.append(scored["rule_scores"] if "rule_scores" in scored else scored["scores"])
+            if "rm_scores" in scored:
+                rm_scores.append(scored["rm_scores"])
             lengths.append(rollouts["response_lengths"].float())
         score = torch.cat(scores)
-        return {
-            "val/accuracy": (score >= 1.0).float().mean().item(),
+        metrics = {
+            "val/accuracy": (torch.cat(rule_scores) >= 1.0).float().mean().item(),
             "val/score_mean": score.mean().item(),
             "val/response_length_mean": torch.cat(lengths).mean().item(),
             "val/samples": float(len(score)),
         }
+        if rm_scores:
+            metrics["val/model_score_mean"] = torch.cat(rm_scores).mean().item()
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -228,7 +318,9 @@ class RLTrainer:
         if path is None:
             return
         if not (path / _STATE_FILE).exists():
-            raise FileNotFoundError(f"trainer.resume: {path} holds no complete checkpoint ({_STATE_FILE} missing)")
+            raise FileNotFoundError(
+                f"trainer.resume: {path} holds no complete checkpoint ({_STATE_FILE} missing)"
+            )
         state = torch.load(path / _STATE_FILE, weights_only=False)
         self.actor.load_checkpoint(str(path / "actor"))
         if self.critic is not None:
@@ -286,14 +378,17 @@ class RLTrainer:
                 f"resharding.max_log_prob_gap={limit}; the engine's weights are out of sync"
             )
 
+    def _stop_workers(self) -> None:
+        # Colocated roles share their processes: stop each set of processes once.
+        for hosts in {id(group.hosts): group.hosts for group in self.groups.values()}.values():
+            hosts.shutdown()
+
     def close(self) -> None:
-        """Stop the reward workers, the worker processes and the loggers."""
-        self.logger.close()
-        self.reward.close()
-        for group in self.groups.values():
-            group.hosts.shutdown()
-        for pool in self.pools.values():
-            pool.release()
+        """Stop the loggers, the worker processes, their placement groups and the reward workers.
+
+        Each part is stopped even if stopping another fails; calling it again does nothing.
+        """
+        self._resources.close()
 
     def __enter__(self) -> RLTrainer:
         return self

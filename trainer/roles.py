@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from hybridflow.controller import RayWorkerGroup, ResourcePool, RoleSpec, create_worker_groups
+from hybridflow.controller import RayHostSet, RayWorkerGroup, ResourcePool, RoleSpec
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rewards import RewardConfig as RewardManagerConfig
 from hybridflow.rewards import ShapingSpec
@@ -12,9 +13,21 @@ from hybridflow.rollout.config import RolloutConfig as EngineConfig
 from trainer.config import GLOBAL_POOL, DerivedSizes, OptimizedRoleConfig, RunConfig
 from workers.actor import ActorRolloutRefWorker
 from workers.config import ActorConfig, CriticConfig, ModelConfig, OptimConfig
+from workers.config import RewardModelConfig as RewardModelWorkerConfig
 from workers.critic import CriticWorker
+from workers.reward_model import RewardModelWorker
 
-__all__ = ["actor_settings", "build_pools", "build_worker_groups", "critic_settings", "engine_settings", "reward_settings"]
+__all__ = [
+    "actor_settings",
+    "build_pools",
+    "build_worker_groups",
+    "critic_settings",
+    "engine_settings",
+    "reward_model_settings",
+    "reward_settings",
+]
+
+log = logging.getLogger(__name__)
 
 
 def _optim(role: OptimizedRoleConfig, total_updates: int) -> OptimConfig:
@@ -61,7 +74,9 @@ def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> 
     )
 
 
-def critic_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path) -> CriticConfig:
+def critic_settings(
+    config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path
+) -> CriticConfig:
     """The critic worker's settings: a value head on the policy's own backbone."""
     critic = config.critic
     assert critic is not None and sizes.critic is not None
@@ -78,6 +93,25 @@ def critic_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int, mo
         cliprange_value=critic.cliprange_value,
         loss_agg_mode=critic.loss_agg_mode,
         loss_norm_constant=float(config.data.max_response_length),
+    )
+
+
+def reward_model_settings(config: RunConfig) -> RewardModelWorkerConfig:
+    """The reward-model worker's settings. It re-tokenises from the ``raw_prompt`` and ``response_text``
+    columns when ``reward_model.tokenizer`` is set."""
+    reward_model = config.reward_model
+    assert reward_model is not None and reward_model.path is not None
+    return RewardModelWorkerConfig(
+        model=ModelConfig(
+            path=reward_model.path, dtype=config.model.dtype, param_dtype=reward_model.param_dtype
+        ),
+        micro_batch_size=reward_model.forward_micro_batch_size,
+        max_tokens_per_micro_batch=(
+            reward_model.max_tokens_per_micro_batch if reward_model.dynamic_batching else None
+        ),
+        tokenizer_path=reward_model.tokenizer,
+        prompt_column="raw_prompt",
+        response_column="response_text",
     )
 
 
@@ -115,7 +149,9 @@ def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
     resource = config.resource
 
     def pool(name: str, nodes: int, slots: int) -> ResourcePool:
-        return ResourcePool([slots] * nodes, use_gpu=resource.use_gpu, cpus_per_slot=resource.cpus_per_slot, name=name)
+        return ResourcePool(
+            [slots] * nodes, use_gpu=resource.use_gpu, cpus_per_slot=resource.cpus_per_slot, name=name
+        )
 
     pools = {GLOBAL_POOL: pool(GLOBAL_POOL, resource.nodes, resource.slots_per_node)}
     for name, extra in resource.pools.items():
@@ -126,7 +162,12 @@ def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
 def build_worker_groups(
     config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path, pools: dict[str, ResourcePool]
 ) -> dict[str, RayWorkerGroup]:
-    """Start the roles the run needs on their pools (colocated where they share one) and load them."""
+    """Start the roles the run needs on their pools (colocated where they share one) and load them.
+
+    Roles on the same pool share one process per slot; a role on another pool gets processes of its own.
+    If any start or load fails, every process started here is stopped before the error propagates (the
+    pools' placement groups stay: they belong to the caller).
+    """
     model = _model(config, config.actor, model_dir)
     resharding = ReshardingConfig(
         bucket_bytes=config.resharding.bucket_bytes,
@@ -142,8 +183,29 @@ def build_worker_groups(
     }
     if config.critic is not None:
         roles["critic"] = RoleSpec(CriticWorker, (critic_settings(config, sizes, total_steps, model_dir),))
-    placement = {role: pools[config.resource.pool_of(role)] for role in roles}
-    groups = create_worker_groups(roles, placement)
-    for group in groups.values():
-        group.init_model()
+    if config.reward_model is not None:
+        roles["reward_model"] = RoleSpec(RewardModelWorker, (reward_model_settings(config),))
+    by_pool: dict[str, dict[str, RoleSpec]] = {}
+    for role, spec in roles.items():
+        by_pool.setdefault(config.resource.pool_of(role), {})[role] = spec
+    # As `hybridflow.controller.create_worker_groups` does, but keeping hold of every host set as soon as
+    # it exists, so that a role failing to start or load cannot leave processes behind.
+    host_sets: list[RayHostSet] = []
+    groups: dict[str, RayWorkerGroup] = {}
+    try:
+        for pool_name, pool_roles in by_pool.items():
+            pool = pools[pool_name]
+            hosts = RayHostSet(pool, f"{pool.name}-{'-'.join(pool_roles)}")
+            host_sets.append(hosts)
+            for role, spec in pool_roles.items():
+                groups[role] = hosts.create_role(role, spec)
+        for group in groups.values():
+            group.init_model()
+    except BaseException:
+        for hosts in host_sets:
+            try:
+                hosts.shutdown("the trainer failed to start its worker groups")
+            except Exception:
+                log.exception("could not stop the processes of %s", hosts.name)
+        raise
     return groups

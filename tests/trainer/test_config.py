@@ -15,6 +15,7 @@ from trainer.config import (
     ConfigError,
     CriticConfig,
     PoolConfig,
+    RewardModelConfig,
     RunConfig,
     ShapingConfig,
     config_from_dict,
@@ -267,7 +268,7 @@ def test_split_placement_is_checked(data_files):
     )
     assert problems == (
         "resource.placement.critic: unknown pool 'gpus'; pools: global, gpu",
-        "resource.placement.critc: unknown role; did you mean 'critic'? roles: actor_rollout, critic, ref, reward",
+        "resource.placement.critc: unknown role; did you mean 'critic'? roles: actor_rollout, critic, reward_model",
     )
 
 
@@ -284,6 +285,29 @@ def test_missing_files_and_bad_overrides_are_reported(tmp_path):
     )
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_pp_baseline"])
+def test_group_estimators_refuse_one_sample_per_prompt(data_files, estimator):
+    # 64 prompts * 1 sample = 64 rows: the batch sizes fit, only the group size is wrong
+    sizes = ["actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=16"]
+    problems = problems_of(GRPO, [*data_files, *sizes, "rollout.n=1", f"algorithm.adv_estimator={estimator}"])
+    assert problems == (
+        f"rollout.n: must be >= 2 for algorithm.adv_estimator {estimator!r}, which compares the samples of "
+        "each prompt: with rollout.n=1 every group has one sample and every advantage is 0",
+    )
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_pp"])
+def test_estimators_without_groups_take_one_sample_per_prompt(data_files, estimator):
+    config = load_config(PPO, [*data_files, "rollout.n=1", f"algorithm.adv_estimator={estimator}"])
+    assert (config.rollout.n, config.algorithm.adv_estimator) == (1, estimator)
+
+
+def test_an_unknown_estimator_is_reported_once_not_as_a_group_size(data_files):
+    sizes = ["actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=16"]
+    (problem,) = problems_of(GRPO, [*data_files, *sizes, "rollout.n=1", "algorithm.adv_estimator=grpoo"])
+    assert problem.startswith("algorithm.adv_estimator: unknown advantage estimator 'grpoo'")
+
+
 def test_dual_clip_is_refused_for_a_loss_without_it(data_files):
     (problem,) = problems_of(PPO, [*data_files, "actor.policy_loss=gspo"])
     assert problem == "actor.dual_clip_c: policy loss 'gspo' takes no dual clip; set it to null"
@@ -295,6 +319,63 @@ def test_dynamic_batching_budget_must_hold_one_sequence(data_files):
         GRPO, [*data_files, "actor.dynamic_batching=true", "actor.max_tokens_per_micro_batch=20"]
     )
     assert problem.startswith("actor.max_tokens_per_micro_batch: 20 cannot hold one sequence")
+
+
+# ------------------------------------------------------------------------------------ reward model
+
+
+def test_reward_model_section_is_absent_unless_given(data_files, tmp_path):
+    assert load_config(GRPO, data_files).reward_model is None
+    config = load_config(GRPO, [*data_files, f"reward_model.path={tmp_path}", "reward_model.weight=0.5"])
+    assert config.reward_model == RewardModelConfig(path=str(tmp_path), weight=0.5)
+    # colocated with the actor unless placed elsewhere
+    assert config.resource.pool_of("reward_model") == "global"
+    split = load_config(
+        GRPO,
+        [
+            *data_files,
+            f"reward_model.path={tmp_path}",
+            "resource.pools.rm_pool.slots_per_node=1",
+            "resource.placement.reward_model=rm_pool",
+        ],
+    )
+    assert split.resource.pool_of("reward_model") == "rm_pool"
+
+
+def test_reward_model_problems_name_their_keys(data_files, tmp_path):
+    assert problems_of(GRPO, [*data_files, "reward_model.weight=0.5"]) == (
+        "reward_model.path: required: a local sequence-classification model directory (or set reward_model to null)",
+    )
+    missing = tmp_path / "no_such_model"
+    problems = problems_of(
+        GRPO,
+        [
+            *data_files,
+            f"reward_model.path={missing}",
+            f"reward_model.tokenizer={missing}",
+            "reward_model.weight=.nan",
+            "reward_model.dynamic_batching=true",
+            "reward_model.max_tokens_per_micro_batch=20",
+            "reward_model.forward_micro_batch_size=0",
+            "resource.placement.reward_model=nowhere",
+        ],
+    )
+    assert problems == (
+        "reward_model.forward_micro_batch_size: must be >= 1, got 0",
+        "reward_model.max_tokens_per_micro_batch: 20 cannot hold one sequence of data.max_prompt_length + "
+        "data.max_response_length = 24 tokens",
+        "resource.placement.reward_model: unknown pool 'nowhere'; pools: global",
+        f"reward_model.path: directory '{missing}' not found",
+        f"reward_model.tokenizer: directory '{missing}' not found",
+        "reward_model.weight: must be a finite number, got nan",
+    )
+
+
+def test_the_old_reward_role_name_points_at_the_reward_model(data_files):
+    (problem,) = problems_of(GRPO, [*data_files, "resource.placement.reward=global"])
+    assert problem == (
+        "resource.placement.reward: unknown role; did you mean 'reward_model'? roles: actor_rollout, critic, reward_model"
+    )
 
 
 # ------------------------------------------------------------------------------------ frozen
@@ -420,8 +501,9 @@ def _documented_defaults(text: str) -> dict[str, object]:
 def test_docs_give_every_key_with_its_default():
     documented = _documented_defaults((REPO_ROOT / "docs" / "config.md").read_text())
     defaults = _leaf_defaults(RunConfig, "")
-    del defaults["critic"]
+    del defaults["critic"], defaults["reward_model"]
     defaults.update(_leaf_defaults(CriticConfig, "critic"))
+    defaults.update(_leaf_defaults(RewardModelConfig, "reward_model"))
     defaults.update(_leaf_defaults(ShapingConfig, "reward.shaping[]"))
     defaults.update(_leaf_defaults(PoolConfig, "resource.pools.<name>"))
     missing = sorted(set(defaults) - set(documented))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,11 @@ from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
 from trainer.config.sizes import check_sizes, unknown_pool
 
-__all__ = ["check_rules"]
+__all__ = ["GROUP_ESTIMATORS", "check_rules"]
+
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+"""Advantage estimators whose baseline is the other samples of the same prompt: with one sample per
+prompt (``rollout.n`` 1) every group has a single member and every advantage is 0."""
 
 
 def check_rules(config: RunConfig, problems: Problems) -> None:
@@ -32,6 +37,7 @@ def check_rules(config: RunConfig, problems: Problems) -> None:
     _check_resources(config, problems)
     _check_trainer(config, problems)
     _check_reward(config.reward, problems)
+    _check_reward_model(config, problems)
 
 
 def _check_name(registry: Registry[Any], name: str, key: str, problems: Problems) -> None:
@@ -53,6 +59,14 @@ def _check_names(config: RunConfig, problems: Problems) -> None:
 
 def _check_algorithm(config: RunConfig, problems: Problems) -> None:
     algorithm, actor = config.algorithm, config.actor
+    if algorithm.adv_estimator in GROUP_ESTIMATORS and config.rollout.n < 2:
+        problems.add(
+            "rollout.n",
+            f"must be >= 2 for algorithm.adv_estimator {algorithm.adv_estimator!r}, which compares the samples "
+            f"of each prompt: with rollout.n={config.rollout.n} every group has one sample and every "
+            "advantage is 0",
+            "algorithm.adv_estimator",
+        )
     if algorithm.adv_estimator == "gae" and config.critic is None:
         problems.add(
             "critic",
@@ -124,7 +138,12 @@ def _check_data(config: RunConfig, problems: Problems) -> None:
 
 def _check_roles(config: RunConfig, problems: Problems) -> None:
     longest = config.data.max_prompt_length + config.data.max_response_length
-    batching = [("actor", config.actor), ("ref", config.ref), ("critic", config.critic)]
+    batching = [
+        ("actor", config.actor),
+        ("ref", config.ref),
+        ("critic", config.critic),
+        ("reward_model", config.reward_model),
+    ]
     for section, role in batching:
         if role is not None and role.dynamic_batching and role.max_tokens_per_micro_batch < longest:
             problems.add(
@@ -185,3 +204,20 @@ def _check_reward(reward: RewardConfig, problems: Problems) -> None:
     for i, step in enumerate(reward.shaping):
         if not step.name:
             problems.add(f"reward.shaping[{i}].name", "required: the registered shaping name")
+
+
+def _check_reward_model(config: RunConfig, problems: Problems) -> None:
+    reward_model = config.reward_model
+    if reward_model is None:
+        return
+    if reward_model.path is None:
+        problems.add(
+            "reward_model.path",
+            "required: a local sequence-classification model directory (or set reward_model to null)",
+        )
+    elif not Path(reward_model.path).is_dir():
+        problems.add("reward_model.path", f"directory {reward_model.path!r} not found")
+    if reward_model.tokenizer is not None and not Path(reward_model.tokenizer).is_dir():
+        problems.add("reward_model.tokenizer", f"directory {reward_model.tokenizer!r} not found")
+    if not math.isfinite(reward_model.weight):
+        problems.add("reward_model.weight", f"must be a finite number, got {reward_model.weight}")

@@ -28,6 +28,7 @@ __all__ = [
     "ResharderConfig",
     "ResourceConfig",
     "RewardConfig",
+    "RewardModelConfig",
     "RolloutConfig",
     "RunConfig",
     "ShapingConfig",
@@ -36,8 +37,12 @@ __all__ = [
     "ValSamplingConfig",
 ]
 
-ROLES = ("actor_rollout", "critic", "ref", "reward")
-"""Worker roles that ``resource.placement`` can map to a resource pool."""
+ROLES = ("actor_rollout", "critic", "reward_model")
+"""Worker roles that ``resource.placement`` can map to a resource pool.
+
+The reference policy lives in the ``actor_rollout`` processes and the rule-based reward functions in the
+controller's own process pool, so neither can be placed.
+"""
 
 GLOBAL_POOL = "global"
 """Name of the default pool, sized by ``resource.nodes`` and ``resource.slots_per_node``."""
@@ -118,11 +123,12 @@ class RolloutConfig:
     ``tp_size`` consecutive ranks of the actor pool form one engine; the ``world / tp_size`` engines are
     the inference data-parallel groups, and dp group ``d`` samples with seed ``seed + d``.
     ``kv_cache_bytes`` is per rank and always bounded (unbounded, the CPU build of vLLM takes most of
-    the host's memory). ``top_k`` -1 disables top-k.
+    the host's memory). ``top_k`` -1 disables top-k. ``n`` is at least 2 for the group-relative
+    estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``), hence the default of 8.
     """
 
     engine: Literal["vllm", "hf"] = "vllm"
-    n: int = _field(1, ge=1)
+    n: int = _field(8, ge=1)
     temperature: float = _field(1.0, ge=0)
     top_p: float = _field(1.0, gt=0, le=1)
     top_k: int = _field(-1, ge=-1)
@@ -243,6 +249,29 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    """A learned reward model scoring each prompt + response, on top of the reward functions of ``reward``.
+
+    ``path`` is a local Hugging Face sequence-classification directory with one label (e.g.
+    ``Qwen2ForSequenceClassification``). Each row's score is ``reward score + weight * model score``
+    (docs/rewards.md). ``tokenizer`` null scores the policy's token ids as they are (the two models share
+    a vocabulary); a tokenizer directory re-tokenises the prompt and the decoded response instead. The
+    model is FSDP2-sharded over the ranks of its pool (``resource.placement.reward_model``, default the
+    global pool, colocated with the actor); it runs forwards only, ``forward_micro_batch_size`` rows per
+    rank, or ``max_tokens_per_micro_batch`` tokens with ``dynamic_batching``. ``param_dtype`` is the
+    compute dtype; the weights load in ``model.dtype``.
+    """
+
+    path: str | None = None
+    tokenizer: str | None = None
+    weight: float = 1.0
+    forward_micro_batch_size: int = _field(8, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = _field(8192, ge=1)
+    param_dtype: Dtype = "float32"
+
+
+@dataclass(frozen=True)
 class KLControlConfig:
     """The in-reward KL coefficient: ``fixed`` at ``kl_coef``, or ``adaptive`` towards ``target_kl``."""
 
@@ -348,7 +377,8 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``)."""
+    """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``);
+    ``reward_model`` null means no reward model (the reward functions alone score)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -357,6 +387,7 @@ class RunConfig:
     ref: RefConfig = field(default_factory=RefConfig)
     critic: CriticConfig | None = None
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig | None = None
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     resource: ResourceConfig = field(default_factory=ResourceConfig)
     resharding: ResharderConfig = field(default_factory=ResharderConfig)
