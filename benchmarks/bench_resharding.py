@@ -150,7 +150,8 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
             "to_training_s": to_train.seconds,
             "generate_s": generate_s,
             "streamed_bytes": to_inf.bytes_streamed,
-            "largest_bucket_bytes": to_inf.largest_bucket_bytes,
+            "gather_buffers": to_inf.gather_buffers,
+            "retired_buffers": to_inf.retired_buffers,
             "stream_extra_peak_bytes": to_inf.stream_extra_peak_bytes,
             "switch_extra_peak_bytes": to_inf.extra_peak_bytes,
             "page_faults": faults,
@@ -322,11 +323,12 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for records in zip(*(r["records"] for r in per_rank), strict=True):
         first = records[0]
         # Sizes are the same on every rank; the rest is merged below.
-        keys = ("method", "version", "warmup", "streamed_bytes", "largest_bucket_bytes")
+        keys = ("method", "version", "warmup", "streamed_bytes", "largest_bucket_bytes", "gather_buffers")
         row = {key: first[key] for key in keys if key in first}
         for key in first:
             if key not in row and key.endswith(("_s", "_bytes", "_faults")):
                 row[key] = max(r[key] for r in records)
+        row["retired_buffers"] = max(r.get("retired_buffers", 0) for r in records)
         row["leak_bytes"] = max(r["rss_after"] - r["rss_before"] for r in records)
         row["tokens"] = [r["tokens"] for r in records]
         row["loads_weights"] = first.get("loads_weights", True)

@@ -63,7 +63,9 @@ def iter_buckets(
     """Group a stream of named tensors into lists of total size at most ``bucket_bytes`` (bytes).
 
     Order is kept. A tensor larger than ``bucket_bytes`` cannot be split and comes alone in its own
-    bucket. Only the current bucket is held, so peak memory is about ``bucket_bytes``.
+    bucket. Only the current bucket is held, plus the tensor that opens the next one (it is read
+    before the current bucket is yielded). `hybridflow.resharding.streaming.WeightStreamer` streams through
+    one reused buffer instead.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")

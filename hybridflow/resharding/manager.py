@@ -13,11 +13,13 @@ cache). ``with manager:`` switches train -> inference on entry and back on exit:
 
 1. drop gradients; offload optimizer state to host memory if asked;
 2. give the engine its memory back (``engine.resume()``: KV cache, weights where freed);
-3. stream the parameters: each one is all-gathered from its FSDP shards under its Hugging Face name,
-   grouped into buckets of at most ``bucket_bytes``, handed to ``engine.update_weights`` and freed.
-   No rank holds more than one bucket of gathered weights (plus the tensor that opens the next
-   bucket) on top of the engine's own copy. The engine's reload may add its own transient copies
-   (vLLM's CPU build rebuilds each layer before copying it in: 16-28 MiB on a 90 MiB model);
+3. stream the parameters: each one is all-gathered from its FSDP shards, under its Hugging Face
+   name, straight into a slot of one gather buffer of ``bucket_bytes`` that is reused as a ring
+   (`WeightStreamer`), and handed to ``engine.update_weights``. The gathered weights never take
+   more than that one buffer on top of the engine's own copy; a slot the engine still holds is
+   never overwritten (the buffer is left to the engine and a new one started, counted in the
+   report). The engine's reload may add its own transient copies (vLLM's CPU build rebuilds each
+   fused layer before copying it in);
 4. offload the FSDP parameter shards to host memory if asked (after streaming, because the
    all-gather runs on the training device).
 
@@ -49,8 +51,13 @@ from hybridflow.parallel.offload import (
     offload_fsdp_params,
     offload_optimizer_state,
 )
-from hybridflow.parallel.weights import iter_buckets, iter_full_state, tensor_bytes
-from hybridflow.resharding.memory import PeakMemoryTracker, return_freed_host_memory
+from hybridflow.resharding.memory import (
+    PeakMemoryTracker,
+    current_memory_bytes,
+    return_freed_host_memory,
+    trim_host_memory_above,
+)
+from hybridflow.resharding.streaming import WeightStreamer
 from hybridflow.rollout.base import RolloutEngine
 
 __all__ = ["ReshardingConfig", "ReshardingManager", "SwitchReport"]
@@ -61,7 +68,8 @@ class ReshardingConfig:
     """How the layouts switch.
 
     Attributes:
-        bucket_bytes: most bytes of gathered full weights alive at once while streaming.
+        bucket_bytes: size of the reused gather buffer: the most bytes of gathered full weights
+            held at once while streaming (a single tensor larger than this gets its own buffer).
         offload_optimizer: move optimizer state to host memory while in the inference layout.
         offload_params: move the FSDP parameter shards to host memory while in the inference layout.
         weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
@@ -85,7 +93,9 @@ class SwitchReport:
         direction: ``"to_inference"`` or ``"to_training"``.
         seconds: wall time of the switch.
         bytes_streamed: bytes of full weights handed to the engine.
-        largest_bucket_bytes: size of the largest bucket streamed.
+        gather_buffers: gather buffers allocated (1 unless a tensor outgrew the buffer or the
+            engine still held a slot when the ring came round to it).
+        retired_buffers: buffers left to the engine because it still held one of their slots.
         engine_bytes: bytes the engine restored (to_inference) or freed (to_training).
         offloaded_bytes: training-state bytes moved to host (to_inference) or back (to_training).
         start_memory_bytes: memory at the start of the switch (RSS on CPU, allocated on GPU).
@@ -98,7 +108,8 @@ class SwitchReport:
     direction: str
     seconds: float
     bytes_streamed: int
-    largest_bucket_bytes: int
+    gather_buffers: int
+    retired_buffers: int
     engine_bytes: int
     offloaded_bytes: int
     start_memory_bytes: int
@@ -115,6 +126,7 @@ class SwitchReport:
             f"{prefix}/{self.direction}_streamed_mb": self.bytes_streamed / 2**20,
             f"{prefix}/{self.direction}_extra_peak_mb": self.extra_peak_bytes / 2**20,
             f"{prefix}/{self.direction}_stream_extra_peak_mb": self.stream_extra_peak_bytes / 2**20,
+            f"{prefix}/{self.direction}_retired_buffers": float(self.retired_buffers),
         }
 
 
@@ -144,9 +156,7 @@ class ReshardingManager:
         self.device = device
         self.layout = "training"
         self.reports: list[SwitchReport] = []
-        self._tracker: PeakMemoryTracker | None = None
-        self._streamed = 0
-        self._largest_bucket = 0
+        self._streamer = WeightStreamer(config.bucket_bytes, device, config.weight_dtype)
 
     def __enter__(self) -> RolloutEngine:
         self.to_inference()
@@ -165,20 +175,21 @@ class ReshardingManager:
             if self.config.offload_optimizer and self.optimizer is not None:
                 offloaded += offload_optimizer_state(self.optimizer).bytes_moved
             engine_bytes = self.engine.resume()
-            self._streamed = self._largest_bucket = 0
             tracker.sample()  # the streaming tracker restarts the GPU peak counter
             with PeakMemoryTracker(self.device) as stream_tracker:
-                self._tracker = stream_tracker
                 self.engine.update_weights(self._stream_weights())
-            self._tracker = None
+            if self.device.type == "cpu":
+                # What the engine freed while reloading stays resident in the heap until trimmed.
+                return_freed_host_memory()
             tracker.peak_bytes = max(tracker.peak_bytes, stream_tracker.peak_bytes)
             if self.config.offload_params:
                 offloaded += offload_fsdp_params(self.model)[0].bytes_moved
         report = SwitchReport(
             "to_inference",
             time.perf_counter() - start,
-            self._streamed,
-            self._largest_bucket,
+            self._streamer.bytes_streamed,
+            self._streamer.buffers_allocated,
+            self._streamer.retired_buffers,
             engine_bytes,
             offloaded,
             tracker.start_bytes,
@@ -206,6 +217,7 @@ class ReshardingManager:
             time.perf_counter() - start,
             0,
             0,
+            0,
             engine_bytes,
             restored,
             tracker.start_bytes,
@@ -216,16 +228,9 @@ class ReshardingManager:
         return report
 
     def _stream_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # The all-gather turns shards into full tensors one parameter at a time, in the same order
-        # on all ranks, so every rank must drain this iterator.
-        full_weights = iter_full_state(self.model, dtype=self.config.weight_dtype)
-        for bucket in iter_buckets(full_weights, self.config.bucket_bytes):
-            size = sum(tensor_bytes(t) for _, t in bucket)
-            self._streamed += size
-            self._largest_bucket = max(self._largest_bucket, size)
-            if self._tracker is not None:
-                self._tracker.sample()
-            yield from bucket
-            bucket.clear()
-            if self.device.type == "cpu":
-                return_freed_host_memory()
+        weights = self._streamer.stream(self.model)
+        if self.device.type != "cpu":
+            return weights
+        # The gather buffer itself is one bucket; allow the engine's transients one more.
+        ceiling = current_memory_bytes(self.device) + 2 * self.config.bucket_bytes
+        return trim_host_memory_above(weights, ceiling)

@@ -12,10 +12,14 @@ import ctypes
 import ctypes.util
 import os
 import threading
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import torch
 
-__all__ = ["PeakMemoryTracker", "current_memory_bytes", "return_freed_host_memory"]
+__all__ = ["PeakMemoryTracker", "current_memory_bytes", "return_freed_host_memory", "trim_host_memory_above"]
+
+T = TypeVar("T")
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _LIBC_NAME = ctypes.util.find_library("c")
@@ -32,6 +36,21 @@ def return_freed_host_memory() -> None:
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def trim_host_memory_above(items: Iterable[T], ceiling_bytes: int) -> Iterator[T]:
+    """Pass ``items`` through; whenever the consumer comes back for the next one and the process's
+    RSS is above ``ceiling_bytes``, hand freed heap memory back first (`return_freed_host_memory`).
+
+    A consumer that allocates and frees transient copies per item (vLLM's CPU weight reload) leaves
+    them in glibc's heap, where fragmentation lets RSS creep up item after item. Trimming after every
+    item would bound that too, but each trim makes the next allocations fault their pages in again;
+    trimming only above a ceiling keeps both the footprint and the number of trims small.
+    """
+    for item in items:
+        yield item
+        if _rss_bytes() > ceiling_bytes:
+            return_freed_host_memory()
 
 
 def _rss_bytes() -> int:

@@ -1,6 +1,6 @@
 """FSDP2 over 2 gloo ranks against a single-process reference on the full batch.
 
-Checks: meshes and dp coordinates; parameter streaming and buckets (names and values of the single-process
+Checks: meshes and dp coordinates; parameter streaming, buckets and the ring-buffer streamer (names and values of the single-process
 state_dict, tied embeddings, activation-checkpoint names); bf16 mixed precision; a micro-batched,
 packed training step and AdamW update equal to the full-batch single-process step, with and without
 activation checkpointing; offload and reload between steps.
@@ -29,6 +29,7 @@ from hybridflow.parallel import (
     plan_micro_batches,
     shard_model,
 )
+from hybridflow.resharding.streaming import WeightStreamer
 from tests.parallel._helpers import run_distributed, skewed_batch, tiny_qwen2
 
 WORLD = 2
@@ -133,6 +134,32 @@ def _check_training(rank: int, world_size: int) -> None:
     assert free_gradients(checkpointed) == grad_bytes
 
 
+def _check_weight_streamer(model, expected: dict[str, torch.Tensor]) -> None:
+    """The ring-buffer streamer yields the single-process values (VOCAB=101 rows shard unevenly), reuses
+    one buffer while the consumer copies each tensor out at once, and never overwrites a tensor the
+    consumer keeps (it starts a new buffer instead)."""
+    largest = max(t.numel() * t.element_size() for t in expected.values())
+    streamer = WeightStreamer(3 * largest, torch.device("cpu"))
+    copied = {name: tensor.clone() for name, tensor in streamer.stream(model)}
+    assert list(copied) == list(expected)
+    for name, tensor in copied.items():
+        assert torch.equal(tensor, expected[name]), name
+    assert (streamer.buffers_allocated, streamer.retired_buffers) == (1, 0)
+    assert streamer.bytes_streamed == sum(t.numel() * t.element_size() for t in expected.values())
+
+    kept = []  # a consumer that holds every tensor it was given, and views of some of them
+    for name, tensor in streamer.stream(model):
+        kept.append((name, tensor[1:] if name.endswith("embed_tokens.weight") else tensor))
+    for name, tensor in kept:
+        want = expected[name][1:] if name.endswith("embed_tokens.weight") else expected[name]
+        assert torch.equal(tensor, want), name
+    assert streamer.retired_buffers >= 1
+
+    halves = dict(WeightStreamer(largest, torch.device("cpu"), dtype=torch.bfloat16).stream(model))
+    for name, tensor in halves.items():
+        assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
+
+
 def _check_meshes_streaming_and_bf16(rank: int, world_size: int) -> None:
     for tp_size in (1, 2):
         meshes = build_meshes(world_size, tp_size)
@@ -168,6 +195,7 @@ def _check_meshes_streaming_and_bf16(rank: int, world_size: int) -> None:
             assert len(bucket) == 1 or sum(t.numel() * t.element_size() for _, t in bucket) <= limit
             assert all(t.dtype == torch.bfloat16 for _, t in bucket)
         assert len(buckets) < len(expected)
+        _check_weight_streamer(model, expected)
 
     # bf16 compute: results move by bf16 rounding, not more; master weights and gradients stay fp32.
     reference = tiny_qwen2(seed=3)
