@@ -6,7 +6,9 @@ One step, in the order the data flows (the controller only moves Batches; weight
     rollouts  = actor.generate_sequences(prompts, sampling)  # [B*n] rows, inference layout
     rollouts |= reward(rollouts)                             # scores, on the controller's pool,
                                                              # + weight * reward-model scores if set
-    rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout
+    rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout;
+                                                             # skipped when the update is one
+                                                             # on-policy optimizer step
     rollouts |= ref.compute_ref_log_prob(rollouts)           # if a KL term is used
     rollouts |= critic.compute_values(rollouts)              # PPO only
     rollouts |= kl_in_reward(rollouts) ; advantages(...)     # pure functions, on the controller
@@ -59,6 +61,11 @@ class RLTrainer:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.sizes = derive_sizes(config)
+        # With one optimizer step per batch the update's own forward gives the old log-probs (see
+        # `ActorRolloutRefWorker.update_actor`); a KL penalty in the reward needs them earlier.
+        self.recompute_old_log_probs = (
+            self.sizes.actor.optimizer_steps_per_step > 1 or config.algorithm.use_kl_in_reward
+        )
         self.output_dir = Path(config.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = prepare_model_dir(config, self.output_dir)
@@ -162,8 +169,9 @@ class RLTrainer:
             with timer.phase("reward"):
                 scored, reward_metrics = self.score(rollouts)
             rollouts = rollouts | scored
-            with timer.phase("log_prob"):
-                rollouts = rollouts | self.actor.compute_log_prob(rollouts.select(*_TRAINING_COLUMNS))
+            if self.recompute_old_log_probs:
+                with timer.phase("log_prob"):
+                    rollouts = rollouts | self.actor.compute_log_prob(rollouts.select(*_TRAINING_COLUMNS))
             if config.needs_reference:
                 with timer.phase("ref"):
                     rollouts = rollouts | self.actor.compute_ref_log_prob(rollouts.select(*_TRAINING_COLUMNS))
@@ -184,7 +192,11 @@ class RLTrainer:
                     columns = [*_TRAINING_COLUMNS, "values", "returns"]
                     critic_metrics = self.critic.update_critic(rollouts.select(*columns))[0]
             with timer.phase("update"):
-                columns = [*_TRAINING_COLUMNS, "old_log_probs", "advantages"]
+                columns = [*_TRAINING_COLUMNS, "advantages"]
+                if self.recompute_old_log_probs:
+                    columns.append("old_log_probs")
+                elif "rollout_log_probs" in rollouts:
+                    columns.append("rollout_log_probs")  # the update measures the sync gap itself
                 if config.actor.use_kl_loss:
                     columns.append("ref_log_probs")
                 actor_metrics = self.actor.update_actor(rollouts.select(*columns))[0]

@@ -46,6 +46,7 @@ from hybridflow.rollout.sampling import SamplingParams
 from workers.config import ActorConfig, ModelConfig
 from workers.objective import ActorLoss
 from workers.training import (
+    LogProbGap,
     build_lr_scheduler,
     build_optimizer,
     clip_and_step,
@@ -241,16 +242,29 @@ class ActorRolloutRefWorker(Worker):
         """Train on one step's rollouts: ``epochs`` passes of mini-batches, each an optimizer step.
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
-        ``old_log_probs``, ``advantages`` (and ``ref_log_probs`` for a KL loss). ``loss_fn``
-        defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
+        ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``.
+        ``loss_fn`` defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
         does not depend on the micro-batch size or the number of ranks. Returns metrics averaged over
         mini-batches.
+
+        **On-policy shortcut.** Without ``old_log_probs``, the update must be a single optimizer step
+        (one epoch, one mini-batch): the policy that sampled is then the policy being updated, so the
+        old log-probs are this forward's own, detached (ratio exactly 1), and a separate
+        `compute_log_prob` pass is saved. With ``rollout_log_probs`` in the batch, the
+        rollout-vs-trainer gap (``sync/log_prob_abs_diff_mean``, ``_max``) is then measured here.
         """
         config = self.actor_config
         if loss_fn is None:
             # Resolved on the controller: a recipe's registered functions came with the config.
             loss_fn = config.objective
+        on_policy = "old_log_probs" not in batch
+        if on_policy and (config.epochs != 1 or config.mini_batch_size < len(batch) * self.world_size):
+            raise ValueError(
+                "update_actor: the batch has no old_log_probs, which is only valid for one on-policy "
+                f"optimizer step, but epochs={config.epochs} and mini_batch_size={config.mini_batch_size} "
+                f"< {len(batch) * self.world_size} rows; run compute_log_prob first"
+            )
         temperature = batch.meta.get("temperature", 1.0)
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
@@ -258,7 +272,7 @@ class ActorRolloutRefWorker(Worker):
         for epoch in range(config.epochs):
             seed = config.seed + 1000 * self.update_steps + epoch
             for mini in mini_batches(batch, config.mini_batch_size, self.world_size, config.shuffle, seed):
-                step_metrics = self._train_mini_batch(mini, loss_fn, temperature)
+                step_metrics = self._train_mini_batch(mini, loss_fn, temperature, on_policy)
                 for key, value in step_metrics.items():
                     totals[key] += value
                 steps += 1
@@ -266,13 +280,16 @@ class ActorRolloutRefWorker(Worker):
         reshard_all(self.model)
         return {key: value / steps for key, value in totals.items()}
 
-    def _train_mini_batch(self, mini: Batch, loss_fn: ActorLoss, temperature: float) -> dict[str, float]:
+    def _train_mini_batch(
+        self, mini: Batch, loss_fn: ActorLoss, temperature: float, on_policy: bool
+    ) -> dict[str, float]:
         config = self.actor_config
         global_tokens = global_sum(mini["response_mask"].sum())
         global_seqs = global_sum(len(mini))
         parts, _ = micro_batches(mini, config.micro_batch_size, config.max_tokens_per_micro_batch)
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
+        gap = LogProbGap()
         for part in parts:
             out = sequence_log_probs(
                 self.model,
@@ -282,6 +299,10 @@ class ActorRolloutRefWorker(Worker):
                 chunk_size=config.logit_chunk_size,
                 with_entropy=loss_fn.needs_entropy,
             )
+            if on_policy:
+                part = part | Batch({"old_log_probs": out.log_probs.detach()})
+                if "rollout_log_probs" in part:
+                    gap.add(part["rollout_log_probs"], part["old_log_probs"], part["response_mask"])
             loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs)
             # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
             (loss * self.world_size).backward()
@@ -290,6 +311,8 @@ class ActorRolloutRefWorker(Worker):
         grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.optim.grad_clip)
         metrics = {key: global_sum(value) for key, value in sorted(local.items())}
         metrics.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
+        if on_policy and "rollout_log_probs" in mini:
+            metrics.update(gap.global_metrics())
         return metrics
 
     @register(dispatch="one_to_all")

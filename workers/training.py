@@ -20,6 +20,7 @@ from hybridflow.protocol import Batch
 from workers.config import OptimConfig
 
 __all__ = [
+    "LogProbGap",
     "build_lr_scheduler",
     "build_optimizer",
     "clip_and_step",
@@ -75,6 +76,34 @@ def global_sum(value: float | torch.Tensor) -> float:
             tensor = tensor.cuda()
         dist.all_reduce(tensor)
     return float(tensor.item())
+
+
+class LogProbGap:
+    """|rollout log-prob - trainer log-prob| over response tokens, accumulated over micro-batches and
+    reduced over ranks into the ``sync/log_prob_abs_diff_mean`` and ``_max`` metrics (nats)."""
+
+    def __init__(self) -> None:
+        self._sum = self._count = 0.0
+        self._max = 0.0
+
+    def add(self, rollout: torch.Tensor, trained: torch.Tensor, mask: torch.Tensor) -> None:
+        """Fold in one micro-batch; all three are ``[micro_batch, response_len]``."""
+        gap = (rollout.double() - trained.detach().double()).abs()[mask.bool()]
+        if gap.numel():
+            self._sum += gap.sum().item()
+            self._count += gap.numel()
+            self._max = max(self._max, gap.max().item())
+
+    def global_metrics(self) -> dict[str, float]:
+        """The metrics over every rank (a collective: all ranks must call it)."""
+        count = global_sum(self._count)
+        top = torch.tensor([self._max], dtype=torch.float64)
+        if dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                top = top.cuda()
+            dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        total = global_sum(self._sum)
+        return {"sync/log_prob_abs_diff_mean": total / max(count, 1.0), "sync/log_prob_abs_diff_max": float(top.item())}
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:

@@ -17,6 +17,7 @@ from hybridflow.algos import (
     register_kl_estimator,
     register_policy_loss,
 )
+from hybridflow.controller import WorkerError
 from hybridflow.models.io import load_causal_lm
 from hybridflow.protocol import Batch
 from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
@@ -229,3 +230,34 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
     apart = max((expected[k] - default_step[k]).abs().max().item() for k in expected)
     assert apart > 100 * ATOL, "the registered loss must move the weights unlike the default one"
     assert_same_weights(updated, expected, ATOL)
+
+
+def without_old_log_probs(batch: Batch) -> Batch:
+    batch.pop("old_log_probs")
+    return batch
+
+
+def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, policy_dir, objective):
+    """Without ``old_log_probs`` the single optimizer step equals the reference step whose old log-probs
+    are the policy's own (ratio 1), and the update reports the rollout-vs-trainer gap itself."""
+    on_policy = without_old_log_probs(training_batch(ROWS, seed=4))
+    current = sequence_log_probs(
+        load_causal_lm(policy_dir), on_policy, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False
+    ).log_probs.detach()
+    expected = reference_step(policy_dir, on_policy | Batch({"old_log_probs": current}), objective)
+    # The engine's log-probs, off by exactly 0.01 on the first half of the rows and 0.03 on the rest.
+    offsets = torch.where(torch.arange(ROWS)[:, None] < ROWS // 2, 0.01, 0.03) * on_policy["response_mask"]
+    mask = on_policy["response_mask"].bool()
+    config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=2)
+    group, pool = actor_group(policy_dir, 2, config, name="on-policy")
+    try:
+        metrics = group.update_actor(on_policy | Batch({"rollout_log_probs": current + offsets}), objective)[0]
+        assert_same_weights(group.gather_full_state()[0], expected, ATOL)
+        assert metrics["actor/clip_frac"] == 0.0
+        assert metrics["sync/log_prob_abs_diff_max"] == pytest.approx(0.03, abs=1e-5)
+        assert metrics["sync/log_prob_abs_diff_mean"] == pytest.approx(offsets[mask].mean().item(), abs=1e-5)
+        with pytest.raises(WorkerError, match=r"ValueError: .* only valid for one on-policy optimizer step"):
+            group.update_actor(without_old_log_probs(training_batch(2 * ROWS, seed=5)), objective)
+    finally:
+        group.hosts.shutdown()
+        pool.release()
