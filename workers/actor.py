@@ -26,6 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.controller import DataParallel, Worker, register
+from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
 from hybridflow.parallel import (
     TokenLogProbs,
@@ -170,7 +171,8 @@ class ActorRolloutRefWorker(Worker):
 
         Input: ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded). Output: see
         `RolloutEngine.generate`; ``meta`` carries the sampling temperature and the timing and peak
-        memory of both layout switches (as measured on this dp group's collecting rank).
+        memory of both layout switches, reduced over all ranks (the slowest rank's seconds, the
+        largest rank's memory).
         """
         start = time.perf_counter()
         with self.resharder as engine:
@@ -178,14 +180,17 @@ class ActorRolloutRefWorker(Worker):
             rollouts = engine.generate(prompts, sampling)
             generate_s = time.perf_counter() - generated
         to_inference, to_training = self.resharder.reports[-2:]
+        local = {
+            **to_inference.metrics(),
+            **to_training.metrics(),
+            "timing_s/generate": generate_s,
+            "timing_s/generate_with_resharding": time.perf_counter() - start,
+        }
+        per_rank: list[dict[str, float]] = [{}] * self.world_size
+        dist.all_gather_object(per_rank, local)
         rollouts.meta.update(
             temperature=sampling.temperature,
-            rollout_metrics={
-                **to_inference.metrics(),
-                **to_training.metrics(),
-                "timing_s/generate": generate_s,
-                "timing_s/generate_with_resharding": time.perf_counter() - start,
-            },
+            rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}),
         )
         return rollouts
 
