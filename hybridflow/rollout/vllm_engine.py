@@ -12,6 +12,7 @@ Keep the engine for the whole process: shutting vLLM down destroys the default p
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -34,6 +35,20 @@ __all__ = ["VLLMRolloutEngine"]
 _CPU_WORKER = "hybridflow.rollout.vllm_cpu_worker.JobScopedShmCPUWorker"
 
 
+class _RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged on every weight push.
+
+    The rotary cache is computed from the config, never part of a checkpoint, so reload always
+    "fails" to load it and keeps the (correct) cached tensor. Warnings about other layers still show.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.args and record.args[0] == "RotaryEmbedding")
+
+
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
 def _prepare_environment(config: RolloutConfig) -> None:
     """Set the variables vLLM reads at start: compile caches and the launcher's rank variables."""
     if config.cache_dir is not None:
@@ -43,6 +58,9 @@ def _prepare_environment(config: RolloutConfig) -> None:
     # external_launcher takes the rank from torchrun's variables; Ray or spawn may not set them.
     os.environ.setdefault("RANK", str(dist.get_rank()))
     os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    reload_logger = logging.getLogger(_RELOAD_LOGGER)
+    if not any(isinstance(f, _RotaryReloadFilter) for f in reload_logger.filters):
+        reload_logger.addFilter(_RotaryReloadFilter())
 
 
 def _kv_cache_storages(worker: object) -> list[torch.UntypedStorage]:
