@@ -238,7 +238,8 @@ class CriticWorker(Worker):
                 part["returns"].to(self.device, values.dtype),
                 part_mask,
                 cliprange_value=config.cliprange_value,
-                loss_agg_mode=config.loss_agg_mode,
+                # The function, not the name: a recipe may have registered it in the controller only.
+                loss_agg_mode=config.aggregation,
                 global_token_count=global_tokens,
                 global_seq_count=global_seqs,
                 norm_constant=config.loss_norm_constant,

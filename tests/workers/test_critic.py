@@ -1,7 +1,8 @@
 """`CriticWorker` on FSDP2 over real Ray + gloo ranks, against single-process references.
 
-One group of two ranks holds two critics (packed, and padded with token-budget micro-batches); every
-test reads the results of the same sequence of calls.
+One group of two ranks holds three critics (packed; padded with token-budget micro-batches; and one
+whose loss aggregation was registered in this process only); every test reads the results of the same
+sequence of calls.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybridflow.algos import clipped_value_loss
+from hybridflow.algos import AGGREGATION_MODES, clipped_value_loss, register_aggregation_mode
+from hybridflow.algos.aggregation import AggregationMode
 from hybridflow.controller import ResourcePool, RoleSpec, create_colocated_worker_groups
 from hybridflow.protocol import Batch
 from tests.workers._policy import training_batch, write_policy
@@ -72,7 +74,9 @@ def update_inputs(policy_dir, batch: Batch) -> Batch:
     return batch | Batch({"values": old, "returns": returns})
 
 
-def reference_step(policy_dir, batch: Batch) -> tuple[dict[str, torch.Tensor], float, float]:
+def reference_step(
+    policy_dir, batch: Batch, aggregation: AggregationMode = "token-mean"
+) -> tuple[dict[str, torch.Tensor], float, float]:
     """The same update in this process, on the full batch at once: weights, loss and clip fraction."""
     model = load_value_model(str(policy_dir), seed=7).train()
     optimizer = torch.optim.AdamW(
@@ -80,7 +84,12 @@ def reference_step(policy_dir, batch: Batch) -> tuple[dict[str, torch.Tensor], f
     )
     values = row_values(model, batch)
     loss, metrics = clipped_value_loss(
-        values, batch["values"], batch["returns"], batch["response_mask"], cliprange_value=CLIP
+        values,
+        batch["values"],
+        batch["returns"],
+        batch["response_mask"],
+        cliprange_value=CLIP,
+        loss_agg_mode=aggregation,
     )
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), ADAM.grad_clip)
@@ -99,22 +108,48 @@ def policy_dir(tmp_path_factory):
     return write_policy(tmp_path_factory.mktemp("critic_backbone"), seed=3)
 
 
+def registered_aggregation_config(policy_dir) -> CriticConfig:
+    """A config whose ``loss_agg_mode`` names an aggregation registered in this process only, as a
+    recipe script run as ``__main__`` registers one; the name is unregistered again before any worker
+    sees the config.
+
+    The aggregation weights token ``t`` by ``t + 1`` over the valid-token count. Defined in this
+    function, the worker processes cannot import it: it reaches them only by value with the config.
+    """
+
+    def position_weighted(
+        loss_mat, mask, *, global_token_count=None, global_seq_count=None, norm_constant=None
+    ):
+        weights = torch.arange(1, loss_mat.shape[-1] + 1, dtype=loss_mat.dtype, device=loss_mat.device)
+        count = global_token_count if global_token_count is not None else mask.sum()
+        return (loss_mat * weights * mask).sum() / count
+
+    name = "test_critic.position_weighted"
+    register_aggregation_mode(name)(position_weighted)
+    try:
+        return critic_config(policy_dir, loss_agg_mode=name)
+    finally:
+        AGGREGATION_MODES.unregister(name)
+
+
 @pytest.fixture(scope="module")
 def run(ray_cluster, policy_dir, tmp_path_factory):
-    """Values, one checked step, a learning run and a checkpoint round trip on one 2-rank group."""
+    """Values, checked steps, a learning run and a checkpoint round trip on one 2-rank group."""
     pool = ResourcePool([2], cpus_per_slot=0.5, name="critic")
+    registered_config = registered_aggregation_config(policy_dir)
     roles = {
         "packed": RoleSpec(CriticWorker, (critic_config(policy_dir),)),
         "padded": RoleSpec(
             CriticWorker, (critic_config(policy_dir, use_packing=False, max_tokens_per_micro_batch=24),)
         ),
+        "registered": RoleSpec(CriticWorker, (registered_config,)),
     }
     groups = create_colocated_worker_groups(pool, roles, name="critic")
-    packed, padded = groups["packed"], groups["padded"]
-    out = {}
+    packed, padded, registered = groups["packed"], groups["padded"], groups["registered"]
+    out = {"registered_config": registered_config}
     try:
-        packed.init_model()
-        padded.init_model()
+        for group in groups.values():
+            group.init_model()
         # Seven rows over two ranks: the dispatch pads one row and drops its output again.
         odd = training_batch(7, seed=20)
         out["odd"] = odd
@@ -125,6 +160,8 @@ def run(ray_cluster, policy_dir, tmp_path_factory):
         out["step_batch"] = step_batch
         out["step_metrics"] = packed.update_critic(step_batch)[0]
         out["step_weights"] = packed.gather_full_state()[0]
+        out["registered_metrics"] = registered.update_critic(step_batch)[0]
+        out["registered_weights"] = registered.gather_full_state()[0]
 
         # A fixed batch with fixed per-row returns; the clip centre is refreshed each step as in PPO.
         learn = training_batch(ROWS, seed=5)
@@ -191,3 +228,27 @@ def test_checkpoint_resume_repeats_the_same_updates(run):
     assert (
         run["resumed_metrics"][0]["critic/value_loss"] != run["uninterrupted_metrics"][1]["critic/value_loss"]
     )
+
+
+def test_an_aggregation_registered_in_the_controller_only_drives_the_worker_step(run, policy_dir):
+    batch = run["step_batch"]
+    aggregation = run["registered_config"].aggregation
+    assert run["registered_config"].loss_agg_mode not in AGGREGATION_MODES
+    expected, loss, _ = reference_step(policy_dir, batch, aggregation)
+
+    # By hand: the clipped loss per token, weighted by position, over the batch's valid-token count.
+    with torch.no_grad():
+        values = row_values(load_value_model(str(policy_dir), seed=7), batch)
+    mask = batch["response_mask"].float()
+    clipped = batch["values"] + (values - batch["values"]).clamp(-CLIP, CLIP)
+    per_token = 0.5 * torch.maximum((values - batch["returns"]) ** 2, (clipped - batch["returns"]) ** 2)
+    positions = torch.arange(1, mask.shape[1] + 1, dtype=torch.float32)
+    by_hand = ((per_token * positions * mask).sum() / mask.sum()).item()
+    token_mean = ((per_token * mask).sum() / mask.sum()).item()
+    assert by_hand > 2 * token_mean, "the registered aggregation must differ from token-mean"
+    assert loss == pytest.approx(by_hand, rel=1e-5)
+    assert run["registered_metrics"]["critic/value_loss"] == pytest.approx(by_hand, rel=1e-5)
+
+    default_step, _, _ = reference_step(policy_dir, batch)
+    assert largest_difference(expected, default_step) > 100 * ATOL, "the aggregation must move the weights"
+    assert largest_difference(run["registered_weights"], expected) <= ATOL
