@@ -54,10 +54,9 @@ def grpo_step(trainer: RLTrainer, prompts: Batch, step: int) -> dict[str, float]
         rollouts = (
             rollouts | add_group_ids(rollouts, rollout.n) | decode_responses(rollouts, trainer.tokenizer)
         )
-        with timer.phase("reward"):  # rule reward, in reward worker processes: accuracy + format bonus
-            scored = trainer.reward(rollouts)
-        reward_metrics = scored.meta.pop("reward_metrics")
-        rollouts = rollouts | scored.select("scores", "token_level_scores", meta=False)
+        with timer.phase("reward"):  # rule reward (accuracy + format bonus), + weight * reward model if set
+            scored, reward_metrics = trainer.score(rollouts)
+        rollouts = rollouts | scored
         with timer.phase("log_prob"):  # log pi_old and log pi_ref of the sampled tokens (training layout)
             inputs = rollouts.select(*MODEL_INPUTS)
             rollouts = rollouts | actor.compute_log_prob(inputs)

@@ -1,7 +1,7 @@
 """The recipes: every config loads and validates, says what its README says, and stays CPU-sized.
 
 Cheap tests (no Ray) except the last one, which runs recipes/grpo/main.py (the recipe that writes its
-own loop) for 2 steps with the HF engine in a subprocess.
+own loop) for 2 steps with the HF engine and a reward model in a subprocess.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
+from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.data.synthetic import arithmetic_rows, write_splits
+from hybridflow.models import save_model_dir
 from hybridflow.rewards import load_reward_function
 from trainer.config import RunConfig, derive_sizes, load_config
 
@@ -165,14 +169,38 @@ def test_dr_grpo_drops_both_normalisations(data):
     assert config.algorithm.advantage_params() == {"norm_by_std": False}
 
 
+def write_reward_model(path: Path) -> Path:
+    """A random one-label Qwen2 sequence classifier over the recipe's character vocabulary, with room
+    for the recipe's 136-token prompts plus a response. ``initializer_range`` 0.2 spreads its scores."""
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        model = Qwen2ForSequenceClassification(config)
+    return save_model_dir(model, tokenizer, path)
+
+
 @pytest.mark.slow
 def test_grpo_main_runs_two_steps(tmp_path):
-    """The hand-written loop of recipes/grpo/main.py runs end to end (HF engine, tiny batch, own Ray).
+    """The hand-written loop of recipes/grpo/main.py runs end to end (HF engine, tiny batch, own Ray),
+    and its scores include the reward model of a ``reward_model`` section.
 
     Mostly start-up (Ray, two worker processes, the reward worker): 123 s measured on a 2-core machine
     shared with other jobs (load average 25). Deselect with ``-m "not slow"``.
     """
     out = tmp_path / "out"
+    reward_model = write_reward_model(tmp_path / "reward_model")
     command = [
         sys.executable,
         str(RECIPES / "grpo" / "main.py"),
@@ -187,6 +215,8 @@ def test_grpo_main_runs_two_steps(tmp_path):
         "actor.ppo_mini_batch_size=8",
         "actor.ppo_micro_batch_size=4",
         "resource.cpus_per_slot=0.5",
+        f"reward_model.path={reward_model}",
+        "reward_model.weight=0.5",
     ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     # cwd=tmp_path: the data goes to tmp_path/.cache/recipes/grpo/data, not into the repository.
@@ -198,3 +228,8 @@ def test_grpo_main_runs_two_steps(tmp_path):
         for key in ("score/mean", "advantage/std", "actor/pg_loss", "actor/kl_loss", "timing_s/generation"):
             assert key in record, key
         assert record["sync/log_prob_abs_diff_max"] < 1e-3
+        # The loop trains on rule score + 0.5 * reward-model score (a loop that ignored the section
+        # would log no reward/model_* and train on the rule score alone).
+        assert record["reward/model_std"] > 0.01
+        expected = record["reward/score_mean"] + 0.5 * record["reward/model_mean"]
+        assert record["score/mean"] == pytest.approx(expected, abs=1e-5)
