@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from hybridflow.controller import RayHostSet, RayWorkerGroup, ResourcePool, RoleSpec
+from hybridflow.controller import (
+    RayWorkerGroup,
+    ResourcePool,
+    RoleSpec,
+    create_worker_groups,
+    shutdown_worker_groups,
+)
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rewards import RewardConfig as RewardManagerConfig
 from hybridflow.rewards import ShapingSpec
@@ -26,8 +31,6 @@ __all__ = [
     "reward_model_settings",
     "reward_settings",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def _optim(role: OptimizedRoleConfig, total_updates: int) -> OptimConfig:
@@ -185,27 +188,13 @@ def build_worker_groups(
         roles["critic"] = RoleSpec(CriticWorker, (critic_settings(config, sizes, total_steps, model_dir),))
     if config.reward_model is not None:
         roles["reward_model"] = RoleSpec(RewardModelWorker, (reward_model_settings(config),))
-    by_pool: dict[str, dict[str, RoleSpec]] = {}
-    for role, spec in roles.items():
-        by_pool.setdefault(config.resource.pool_of(role), {})[role] = spec
-    # As `hybridflow.controller.create_worker_groups` does, but keeping hold of every host set as soon as
-    # it exists, so that a role failing to start or load cannot leave processes behind.
-    host_sets: list[RayHostSet] = []
-    groups: dict[str, RayWorkerGroup] = {}
+    placement = {role: pools[config.resource.pool_of(role)] for role in roles}
+    # Stops what it started if a role fails to start; loading is this function's to clean up.
+    groups = create_worker_groups(roles, placement)
     try:
-        for pool_name, pool_roles in by_pool.items():
-            pool = pools[pool_name]
-            hosts = RayHostSet(pool, f"{pool.name}-{'-'.join(pool_roles)}")
-            host_sets.append(hosts)
-            for role, spec in pool_roles.items():
-                groups[role] = hosts.create_role(role, spec)
         for group in groups.values():
             group.init_model()
     except BaseException:
-        for hosts in host_sets:
-            try:
-                hosts.shutdown("the trainer failed to start its worker groups")
-            except Exception:
-                log.exception("could not stop the processes of %s", hosts.name)
+        shutdown_worker_groups(groups.values(), "the trainer failed to load its worker groups")
         raise
     return groups

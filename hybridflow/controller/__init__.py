@@ -19,6 +19,7 @@ from hybridflow.controller.ray_group import (
     RoleSpec,
     create_colocated_worker_groups,
     create_worker_groups,
+    shutdown_worker_groups,
 )
 from hybridflow.controller.register import register
 from hybridflow.controller.resource_pool import ResourcePool
@@ -47,4 +48,5 @@ __all__ = [
     "get_dispatch_mode",
     "register",
     "register_dispatch_mode",
+    "shutdown_worker_groups",
 ]

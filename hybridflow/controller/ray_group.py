@@ -9,16 +9,19 @@ pool are colocated, roles given different pools run in different processes.
 Failures: the controller waits on all ranks at once and returns on the first error. A method that
 raises becomes a `WorkerError` naming the rank; a process that dies becomes a `WorkerDiedError`
 within seconds, and the host set is shut down, since its collectives can no longer complete.
+Construction is all or nothing: when starting a host set, or building a role in it, fails part-way,
+every process started for it is stopped before the error propagates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.controller.dispatch import RankCall
@@ -29,7 +32,16 @@ from hybridflow.controller.resource_pool import ResourcePool
 from hybridflow.controller.worker import MeshInfo, Worker
 from hybridflow.protocol import Batch
 
-__all__ = ["RayHostSet", "RayWorkerGroup", "RoleSpec", "create_colocated_worker_groups", "create_worker_groups"]
+__all__ = [
+    "RayHostSet",
+    "RayWorkerGroup",
+    "RoleSpec",
+    "create_colocated_worker_groups",
+    "create_worker_groups",
+    "shutdown_worker_groups",
+]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,9 @@ class RayHostSet:
         name: a label for the processes (Ray actor names are ``{name}-rank{r}``).
         init_timeout_s: how long start-up (process start and process-group rendezvous) may take.
         collective_timeout_s: the process group's timeout for a collective to complete.
+
+    If start-up fails part-way (a process cannot be created, the rendezvous fails or times out, or the
+    caller is interrupted), the processes already started are stopped and the error propagates.
     """
 
     def __init__(
@@ -57,25 +72,29 @@ class RayHostSet:
         self.pool = pool
         self.name = name
         self.dead_reason: str | None = None
-        host_cls = ray.remote(WorkerHost)
-        slots = pool.slots()
-        self.hosts = [
-            host_cls.options(
-                name=f"{name}-rank{rank}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
-                max_concurrency=1,
-                **pool.process_resources,
-            ).remote(rank, len(slots), slot.local_rank, pool.use_gpu)
-            for rank, slot in enumerate(slots)
-        ]
+        # Filled one process at a time, so that a failure at any point knows what to stop.
+        self.hosts: list[Any] = []
         try:
+            host_cls = ray.remote(WorkerHost)
+            slots = pool.slots()
+            for rank, slot in enumerate(slots):
+                self.hosts.append(
+                    host_cls.options(
+                        name=f"{name}-rank{rank}",
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            slot.placement_group, slot.bundle_index
+                        ),
+                        max_concurrency=1,
+                        **pool.process_resources,
+                    ).remote(rank, len(slots), slot.local_rank, pool.use_gpu)
+                )
             addr, port = ray.get(self.hosts[0].rendezvous_address.remote(), timeout=init_timeout_s)
             self.pids: list[int] = ray.get(
                 [h.init_distributed.remote(addr, port, collective_timeout_s) for h in self.hosts],
                 timeout=init_timeout_s,
             )
-        except (GetTimeoutError, RayActorError, RayTaskError):
-            self.shutdown("start-up failed")
+        except BaseException:
+            self._stop_after_failure("start-up failed")
             raise
 
     @property
@@ -83,7 +102,11 @@ class RayHostSet:
         return len(self.hosts)
 
     def create_role(self, role: str, spec: RoleSpec) -> RayWorkerGroup:
-        """Instantiate ``spec`` on every host as ``role`` and return the role's group."""
+        """Instantiate ``spec`` on every host as ``role`` and return the role's group.
+
+        A constructor that raises on some rank gives `WorkerError`; the processes stay up (other roles
+        may live in them), so the caller decides whether to `shutdown`.
+        """
         refs = [h.create_role.remote(role, spec.cls, spec.args, dict(spec.kwargs)) for h in self.hosts]
         self.wait(role, "__init__", dict(enumerate(refs)))
         return RayWorkerGroup(self, role, spec.cls)
@@ -115,6 +138,14 @@ class RayHostSet:
             self.dead_reason = reason
         for host in self.hosts:
             ray.kill(host, no_restart=True)
+
+    def _stop_after_failure(self, reason: str) -> None:
+        """`shutdown` while another error is propagating: a failure to stop is logged, not raised, so
+        that it cannot replace the error that caused it."""
+        try:
+            self.shutdown(reason)
+        except Exception:
+            log.exception("could not stop the processes of host set %r", self.name)
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -171,16 +202,30 @@ class RayWorkerGroup(WorkerGroup):
 def create_colocated_worker_groups(
     pool: ResourcePool, roles: Mapping[str, RoleSpec], name: str | None = None, **host_options: Any
 ) -> dict[str, RayWorkerGroup]:
-    """Start one process per slot of ``pool`` holding every role in ``roles``; a group per role."""
+    """Start one process per slot of ``pool`` holding every role in ``roles``; a group per role.
+
+    If a role's constructor raises (`WorkerError`), or anything else fails before every role is built,
+    the processes are stopped before the error propagates. The pool's placement groups stay: they
+    belong to the caller.
+    """
     hosts = RayHostSet(pool, name or f"{pool.name}-{'-'.join(roles)}", **host_options)
-    return {role: hosts.create_role(role, spec) for role, spec in roles.items()}
+    try:
+        return {role: hosts.create_role(role, spec) for role, spec in roles.items()}
+    except BaseException:
+        hosts._stop_after_failure("a role failed to start")
+        raise
 
 
 def create_worker_groups(
     roles: Mapping[str, RoleSpec], placement: Mapping[str, ResourcePool], **host_options: Any
 ) -> dict[str, RayWorkerGroup]:
     """Place each role on its pool: roles that share a pool share processes (colocation); roles on
-    different pools get processes of their own (split mode)."""
+    different pools get processes of their own (split mode). Each pool's processes are named
+    ``{pool.name}-{role}-...-rank{r}`` after the roles they hold.
+
+    All or nothing: if any pool's processes or roles fail to start, the processes already started
+    for every pool are stopped before the error propagates (the placement groups stay the caller's).
+    """
     missing = sorted(set(roles) - set(placement))
     if missing:
         raise KeyError(f"roles {missing} have no resource pool; placement names {sorted(placement)}")
@@ -189,6 +234,21 @@ def create_worker_groups(
         pool = placement[role]
         by_pool.setdefault(id(pool), (pool, {}))[1][role] = spec
     groups: dict[str, RayWorkerGroup] = {}
-    for pool, pool_roles in by_pool.values():
-        groups.update(create_colocated_worker_groups(pool, pool_roles, **host_options))
+    try:
+        for pool, pool_roles in by_pool.values():
+            groups.update(create_colocated_worker_groups(pool, pool_roles, **host_options))
+    except BaseException:
+        # The failing pool stopped its own processes; stop those of the pools that had started.
+        shutdown_worker_groups(groups.values(), "another role failed to start")
+        raise
     return groups
+
+
+def shutdown_worker_groups(groups: Iterable[RayWorkerGroup], reason: str) -> None:
+    """Stop the processes behind ``groups``, each host set once (colocated groups share one).
+
+    Meant for cleanup while an error propagates: a host set that cannot be stopped is logged and the
+    others are still stopped; nothing is raised.
+    """
+    for hosts in {id(group.hosts): group.hosts for group in groups}.values():
+        hosts._stop_after_failure(reason)

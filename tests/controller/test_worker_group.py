@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 import torch
+from ray._private import state as ray_state
 
 from hybridflow.controller import (
     ResourcePool,
@@ -17,7 +19,13 @@ from hybridflow.controller import (
     create_worker_groups,
 )
 from hybridflow.protocol import Batch
-from tests.controller.workers_under_test import FaultyWorker, MeshWorker, StatefulRole
+from tests.controller.workers_under_test import (
+    BrokenOnRank,
+    FaultyWorker,
+    MeshWorker,
+    Placeholder,
+    StatefulRole,
+)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +148,81 @@ def test_dead_worker_fails_the_call_quickly_and_closes_the_group(faulty_group):
     assert caught.value.rank == 1
     with pytest.raises(WorkerGroupDeadError, match=r"rank 1 died during faulty\.exit_on"):
         faulty_group.fail_on(-1)
+
+
+def actor_states() -> dict[str, tuple[str, str]]:
+    """Every actor the cluster knows of: id -> (name, state). Read from the GCS, since the public
+    state API (`ray.util.state`) needs the dashboard, which the test cluster does not start."""
+    return {key: (value["Name"], value["State"]) for key, value in ray_state.actors().items()}
+
+
+def assert_stopped_since(before: dict[str, tuple[str, str]], names: list[str], timeout_s: float = 30.0) -> None:
+    """Exactly the actors ``names`` were started since ``before``, and every one of them is dead."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = [value for key, value in actor_states().items() if key not in before]
+        alive = sorted(name for name, state in new if state != "DEAD")
+        if not alive:
+            break
+        assert time.monotonic() < deadline, f"still alive: {alive}"
+        time.sleep(0.5)
+    # The failure came after these processes existed: they were started, then stopped.
+    assert sorted(name for name, _ in new) == sorted(names)
+
+
+# In the three tests below the error is kept (`caught`) while the processes are checked, as a caller
+# that logs or wraps it keeps it: its traceback then holds the processes' handles, so they must have
+# been stopped explicitly (Ray would otherwise end them only once the last handle is collected).
+
+
+def test_a_role_failing_to_build_stops_the_colocated_processes(ray_cluster):
+    pool = ResourcePool([2], cpus_per_slot=0.5, name="broken-coloc")
+    before = actor_states()
+    try:
+        with pytest.raises(WorkerError, match="cannot build on rank 1") as caught:
+            # The first role builds on both ranks; the second fails on rank 1 only.
+            create_colocated_worker_groups(
+                pool,
+                {"fine": RoleSpec(StatefulRole, ("fine",)), "broken": RoleSpec(BrokenOnRank, (1,))},
+                name="broken-coloc",
+            )
+        assert caught.value.rank == 1
+        assert_stopped_since(before, ["broken-coloc-rank0", "broken-coloc-rank1"])
+    finally:
+        pool.release()
+
+
+def test_a_role_failing_on_a_later_pool_stops_the_earlier_pools_processes(ray_cluster):
+    first = ResourcePool([1], cpus_per_slot=0.5, name="split-first")
+    second = ResourcePool([2], cpus_per_slot=0.5, name="split-second")
+    before = actor_states()
+    try:
+        with pytest.raises(WorkerError, match="cannot build on rank 0") as caught:
+            create_worker_groups(
+                {"fine": RoleSpec(StatefulRole, ("fine",)), "broken": RoleSpec(BrokenOnRank, (0,))},
+                {"fine": first, "broken": second},
+            )
+        assert_stopped_since(
+            before, ["split-first-fine-rank0", "split-second-broken-rank0", "split-second-broken-rank1"]
+        )
+        assert caught.value.role == "broken"
+    finally:
+        first.release()
+        second.release()
+
+
+def test_a_host_failing_to_start_stops_the_hosts_started_before_it(ray_cluster):
+    # Another actor already holds rank 1's name: starting rank 1 fails after rank 0 was started.
+    blocker = ray.remote(Placeholder).options(name="clash-rank1", num_cpus=0).remote()
+    pool = ResourcePool([2], cpus_per_slot=0.5, name="clash")
+    before = actor_states()
+    try:
+        with pytest.raises(ValueError) as caught:
+            create_colocated_worker_groups(pool, {"fine": RoleSpec(StatefulRole, ("fine",))}, name="clash")
+        assert_stopped_since(before, ["clash-rank0"])
+        assert "clash-rank1" in str(caught.value)
+        # Only what the failed start created is stopped.
+        assert ray.get(blocker.ping.remote()) == "pong"
+    finally:
+        ray.kill(blocker)
+        pool.release()

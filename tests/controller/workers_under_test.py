@@ -99,3 +99,19 @@ class FaultyWorker(Worker):
         # The surviving rank waits in a collective that can never complete.
         dist.barrier()
         return self.rank
+
+
+class BrokenOnRank(Worker):
+    """A role whose constructor raises on one rank, after the other ranks have built it."""
+
+    def __init__(self, bad_rank: int) -> None:
+        super().__init__()
+        if self.rank == bad_rank:
+            raise RuntimeError(f"cannot build on rank {self.rank}")
+
+
+class Placeholder:
+    """A bare Ray actor class: occupies an actor name so that a later actor of that name fails."""
+
+    def ping(self) -> str:
+        return "pong"
