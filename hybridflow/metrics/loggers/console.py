@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_CONSOLE_KEYS", "ConsoleLogger"]
 DEFAULT_CONSOLE_KEYS = (
     "score/mean",
     "reward/mean",
-    "val/score/mean",
+    "val/accuracy",
     "response_length/mean",
     "group/zero_variance_frac",
     "actor/pg_loss",
