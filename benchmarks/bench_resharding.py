@@ -11,15 +11,16 @@ about 25M parameters (fp32) and a vLLM engine (``--tp 2``: one engine, tensor-pa
   (``get_model_state_dict(full_state_dict=True)``, or with ``--naive-gather iter`` a dict built from
   ``iter_full_state``), one ``update_weights(state.items())`` call, drop the dict and
   ``return_freed_host_memory()``; the same greedy ``generate``; then ``engine.release()``;
-- with ``--breakdown``, the parts of ours at the first bucket size: the streaming without the
-  per-bucket ``malloc_trim``, the gather alone (buckets dropped, engine not loaded), and the engine
-  load alone (from weights gathered before the measurement starts).
+- with ``--breakdown``, at the first bucket size, the parts of a bucketed push of fresh tensors
+  (the manager's previous implementation): the streaming without the per-bucket ``malloc_trim``,
+  the gather alone (buckets dropped, engine not loaded), and the engine load alone (from weights
+  gathered before the measurement starts).
 
 Both sides are measured the same way: wall time of each half, RSS (`PeakMemoryTracker`, a 2 ms
 sampler plus samples where memory is known to peak) and minor page faults (``getrusage``) of the
 train -> inference half. "Stream extra" is how far RSS rose during the weight transfer above its
-level just before it (the manager's ``stream_extra_peak_bytes``; for the naive side a tracker around
-gather + load + free); "switch extra" is the same for the whole train -> inference half (it also
+level just before it (the manager's ``stream_extra_peak_bytes``; for the other rows one tracker
+restarted the same way around gather + load + free); "switch extra" is the same for the whole train -> inference half (it also
 includes restoring the KV cache, identical on both sides).
 
 The FSDP2 weights alternate between two versions A and B from switch to switch, so every push
@@ -167,12 +168,14 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         """A train -> inference -> train cycle around ``push``, measured as the manager measures."""
         faults = _minor_faults()
         start = time.perf_counter()
-        with PeakMemoryTracker(cpu) as switch:
+        with PeakMemoryTracker(cpu) as tracker:
             engine.resume()
-            switch.sample()
-            with PeakMemoryTracker(cpu) as stream:
-                extra = push(stream)
-            switch.peak_bytes = max(switch.peak_bytes, stream.peak_bytes)
+            switch_start = tracker.start_bytes
+            before_stream_peak = tracker.restart()
+            extra = push(tracker)
+            tracker.sample()
+            stream_extra = tracker.extra_peak_bytes
+        switch_extra = max(before_stream_peak, tracker.peak_bytes) - switch_start
         to_inference_s = time.perf_counter() - start
         faults = _minor_faults() - faults
         start = time.perf_counter()
@@ -185,8 +188,8 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
             "to_inference_s": to_inference_s,
             "to_training_s": time.perf_counter() - start,
             "generate_s": generate_s,
-            "stream_extra_peak_bytes": stream.extra_peak_bytes,
-            "switch_extra_peak_bytes": switch.extra_peak_bytes,
+            "stream_extra_peak_bytes": stream_extra,
+            "switch_extra_peak_bytes": switch_extra,
             "page_faults": faults,
             "tokens": tokens,
             **extra,

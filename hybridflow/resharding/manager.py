@@ -175,13 +175,14 @@ class ReshardingManager:
             if self.config.offload_optimizer and self.optimizer is not None:
                 offloaded += offload_optimizer_state(self.optimizer).bytes_moved
             engine_bytes = self.engine.resume()
-            tracker.sample()  # the streaming tracker restarts the GPU peak counter
-            with PeakMemoryTracker(self.device) as stream_tracker:
-                self.engine.update_weights(self._stream_weights())
+            switch_start = tracker.start_bytes
+            before_stream_peak = tracker.restart()
+            self.engine.update_weights(self._stream_weights())
+            tracker.sample()
+            stream_extra = tracker.extra_peak_bytes
             if self.device.type == "cpu":
                 # What the engine freed while reloading stays resident in the heap until trimmed.
                 return_freed_host_memory()
-            tracker.peak_bytes = max(tracker.peak_bytes, stream_tracker.peak_bytes)
             if self.config.offload_params:
                 offloaded += offload_fsdp_params(self.model)[0].bytes_moved
         report = SwitchReport(
@@ -192,9 +193,9 @@ class ReshardingManager:
             self._streamer.retired_buffers,
             engine_bytes,
             offloaded,
-            tracker.start_bytes,
-            tracker.peak_bytes,
-            stream_tracker.extra_peak_bytes,
+            switch_start,
+            max(before_stream_peak, tracker.peak_bytes),
+            stream_extra,
         )
         self.layout = "inference"
         self.reports.append(report)

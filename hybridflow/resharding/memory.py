@@ -75,13 +75,29 @@ class PeakMemoryTracker:
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The sampler thread and `restart` both write `peak_bytes`.
+        self._lock = threading.Lock()
 
     def sample(self) -> None:
         """Fold the memory seen so far into the peak (on GPU: the allocator's peak since reset)."""
-        if self.device.type == "cuda":
-            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
-        else:
-            self.peak_bytes = max(self.peak_bytes, _rss_bytes())
+        with self._lock:
+            if self.device.type == "cuda":
+                self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
+            else:
+                self.peak_bytes = max(self.peak_bytes, _rss_bytes())
+
+    def restart(self) -> int:
+        """Start a new window inside the block: ``start_bytes`` and ``peak_bytes`` restart from the
+        memory in use now (on GPU the allocator's peak counter is reset). Returns the peak of the
+        window that ends, so the caller can combine the two."""
+        self.sample()
+        with self._lock:
+            previous_peak = self.peak_bytes
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = self.peak_bytes = current_memory_bytes(self.device)
+        return previous_peak
 
     def _poll(self) -> None:
         while not self._stop.wait(self.interval_s):
