@@ -347,7 +347,7 @@ class ResharderConfig:
     (``sync/log_prob_abs_diff_max``) exceeds it: a sign that the weight push went wrong.
     """
 
-    bucket_bytes: int = _field(64 << 20, ge=1)
+    bucket_bytes: int = _field(16 << 20, ge=1)
     free_kv_cache: bool = True
     max_log_prob_gap: float | None = _field(None, gt=0)
 
