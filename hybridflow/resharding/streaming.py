@@ -32,6 +32,9 @@ from hybridflow.parallel.weights import hf_param_name, tensor_bytes
 
 __all__ = ["WeightStreamer"]
 
+# Newer torch builds rename all_gather_into_tensor (and warn on the old name); older ones lack the new name.
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 # Slots start on this many bytes, so any dtype can view them.
 _ALIGN = 64
 
@@ -135,7 +138,7 @@ class WeightStreamer:
             local = padded
         shape = (rows, *value.shape[1:])
         out = self._slot(shape, local.dtype)
-        dist.all_gather_into_tensor(out, local.contiguous(), group=value.device_mesh.get_group())
+        _all_gather_single(out, local.contiguous(), group=value.device_mesh.get_group())
         if rows == value.shape[0]:
             return out
         # Hand out a tensor of the true shape that still owns the storage reference (not a view).
