@@ -27,15 +27,13 @@ from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import (
     default_device_type,
     pack_sequences,
+    packing_kwargs,
     position_ids_from_mask,
     reshard_all,
     shard_model,
+    training_attn_implementation,
     unpack_tokens,
 )
-
-# The attention kwargs for a packed row depend on the attention kernel; the actor's forward and this
-# one must agree, so the one implementation is reused (it is not exported by hybridflow.parallel).
-from hybridflow.parallel.model_forward import packing_kwargs
 from hybridflow.protocol import Batch
 from workers.config import CriticConfig, ModelConfig
 from workers.training import (
@@ -117,7 +115,9 @@ def shard_head_model(
     model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool
 ) -> nn.Module:
     """Shard ``model`` with FSDP2 over ``mesh``: each decoder layer a unit, then the root (embeddings,
-    final norm, head). Mixed precision and activation checkpointing follow ``config``."""
+    final norm, head). Mixed precision and activation checkpointing follow ``config``; attention is
+    the per-sequence (varlen) kind, so packed rows cost no dense mask over a micro-batch's tokens."""
+    model.model.set_attn_implementation(training_attn_implementation(mesh.device_type))
     model.requires_grad_(trainable)
     mp_policy = None
     if config.param_dtype is not None:

@@ -16,14 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.data.synthetic import arithmetic_rows, write_splits
-from hybridflow.models import save_model_dir
 from hybridflow.rewards import load_reward_function
+from tests.workers._policy import write_reward_model
 from trainer.config import RunConfig, derive_sizes, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,28 +164,6 @@ def test_dr_grpo_drops_both_normalisations(data):
     assert config.algorithm.norm_by_std is False
     assert config.actor.loss_agg_mode == "seq-mean-token-sum-norm"
     assert config.algorithm.advantage_params() == {"norm_by_std": False}
-
-
-def write_reward_model(path: Path) -> Path:
-    """A random one-label Qwen2 sequence classifier over the recipe's character vocabulary, with room
-    for the recipe's 136-token prompts plus a response. ``initializer_range`` 0.2 spreads its scores."""
-    tokenizer = build_char_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(5)
-        model = Qwen2ForSequenceClassification(config)
-    return save_model_dir(model, tokenizer, path)
 
 
 @pytest.mark.slow

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
 from hybridflow.data import write_rows
-from hybridflow.data.char_tokenizer import build_char_tokenizer
-from hybridflow.models import save_model_dir
 from trainer.config import RunConfig, load_config
 
 TARGET = "7"
@@ -28,30 +23,6 @@ def one_plus_fraction(data_source, solution_str, ground_truth, extra_info=None):
 def fraction_of_target(solution_str: str) -> float:
     """What ``REWARD_FILE``'s function of that name returns for a response, computed here."""
     return solution_str.count(TARGET) / max(1, len(solution_str))
-
-
-def write_reward_model(path: Path, num_labels: int = 1) -> Path:
-    """A random Qwen2 sequence classifier over the policy's character vocabulary (pad id 0).
-
-    ``initializer_range`` 0.2 spreads the scores of different rows apart (the default gives ~1e-2).
-    """
-    tokenizer = build_char_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        num_labels=num_labels,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(11)
-        model = Qwen2ForSequenceClassification(config)
-    return save_model_dir(model, tokenizer, path)
 
 
 def write_task(root: Path, prompts: int = 64) -> Path:

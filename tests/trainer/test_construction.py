@@ -18,7 +18,8 @@ import ray
 from ray._private import state as ray_state
 
 from hybridflow.controller import WorkerError
-from tests.trainer._runs import run_config, write_reward_model, write_task
+from tests.trainer._runs import run_config, write_task
+from tests.workers._policy import write_reward_model
 from trainer.config import derive_sizes
 from trainer.model_setup import prepare_model_dir
 from trainer.rl_trainer import RLTrainer

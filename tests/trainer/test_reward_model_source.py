@@ -16,7 +16,8 @@ from transformers import AutoModelForSequenceClassification
 from hybridflow.algos import last_valid_token_mask
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
-from tests.trainer._runs import fraction_of_target, run_config, write_reward_model, write_task
+from tests.trainer._runs import fraction_of_target, run_config, write_task
+from tests.workers._policy import write_reward_model
 from trainer.rl_trainer import RLTrainer
 
 STEPS = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForSequenceClassification
 
 from hybridflow.controller import ResourcePool, RoleSpec, create_colocated_worker_groups
 from hybridflow.data.char_tokenizer import build_char_tokenizer
@@ -93,3 +94,30 @@ def vllm_rollout(tp: int, **overrides) -> RolloutConfig:
 
 
 ADAM = OptimConfig(lr=1e-3, grad_clip=1.0)
+
+
+def write_reward_model(
+    path: Path, tokenizer: PreTrainedTokenizerBase | None = None, *, num_labels: int = 1
+) -> Path:
+    """A random Qwen2 sequence classifier (seed 11) over ``tokenizer``'s vocabulary (default: the
+    character tokenizer), saved with it under ``path``.
+
+    ``initializer_range`` 0.2 spreads the scores of different rows apart (the default gives ~1e-2).
+    """
+    tokenizer = tokenizer or build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        model = Qwen2ForSequenceClassification(config)
+    return save_model_dir(model, tokenizer, path)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 from hybridflow.controller import ResourcePool, RoleSpec, WorkerError, create_colocated_worker_groups
 from hybridflow.data.char_tokenizer import build_char_tokenizer
-from hybridflow.models import save_model_dir
 from hybridflow.protocol import Batch
-from tests.workers._policy import ALPHABET
+from tests.workers._policy import ALPHABET, write_reward_model
 from workers.config import ModelConfig, RewardModelConfig
 from workers.reward_model import RewardModelWorker
 
@@ -25,27 +24,6 @@ PROMPT_LEN, RESPONSE_LEN = 6, 8
 # reading the score at another token, or letting padding into the attention, moves it by ~1e-2 or more.
 ATOL = 1e-5
 PAD_ID = 0
-
-
-def write_reward_model(path, tokenizer) -> str:
-    """A random one-label Qwen2 classifier over the character vocabulary (pad id 0)."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        # A wide init spreads the scores of different rows apart (the default gives ~1e-2).
-        initializer_range=0.2,
-        num_labels=1,
-        pad_token_id=PAD_ID,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(11)
-        model = Qwen2ForSequenceClassification(config)
-    return str(save_model_dir(model, tokenizer, path))
 
 
 def scored_batch(policy_tokenizer) -> Batch:
@@ -104,7 +82,7 @@ def policy_rows(batch: Batch) -> list[torch.Tensor]:
 @pytest.fixture(scope="module")
 def setup(ray_cluster, tmp_path_factory):
     policy_tokenizer = build_char_tokenizer(ALPHABET)
-    rm_dir = write_reward_model(tmp_path_factory.mktemp("reward_model"), policy_tokenizer)
+    rm_dir = str(write_reward_model(tmp_path_factory.mktemp("reward_model"), policy_tokenizer))
     # Same characters, reversed ids: scoring the policy's ids with it would give other scores.
     text_tokenizer = build_char_tokenizer(ALPHABET[::-1])
     text_tokenizer_dir = tmp_path_factory.mktemp("rm_tokenizer")
