@@ -35,18 +35,29 @@ __all__ = ["VLLMRolloutEngine"]
 _CPU_WORKER = "hybridflow.rollout.vllm_cpu_worker.JobScopedShmCPUWorker"
 
 
-class _RotaryReloadFilter(logging.Filter):
-    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged on every weight push.
+def _is_rotary_reload_warning(record: logging.LogRecord) -> bool:
+    # The rotary cache is computed from the config and never part of a checkpoint, so every weight
+    # push "fails" to load it and keeps the (correct) cached tensor.
+    return bool(record.args) and record.args[0] == "RotaryEmbedding"
 
-    The rotary cache is computed from the config, never part of a checkpoint, so reload always
-    "fails" to load it and keeps the (correct) cached tensor. Warnings about other layers still show.
-    """
+
+def _is_tokenizer_warmup_warning(record: logging.LogRecord) -> bool:
+    # The engine runs with skip_tokenizer_init (prompts arrive as token ids), so vLLM's chat-template
+    # warm-up has no tokenizer and logs a traceback at start.
+    error = record.exc_info[1] if record.exc_info else None
+    return record.msg == "Chat template warmup failed" and "skip_tokenizer_init" in str(error)
+
+
+class ExpectedWarningFilter(logging.Filter):
+    """Drops the vLLM warnings that our way of running the engine always triggers; any other record
+    of the same loggers passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.args and record.args[0] == "RotaryEmbedding")
+        return not (_is_rotary_reload_warning(record) or _is_tokenizer_warmup_warning(record))
 
 
-_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+# The vLLM loggers whose expected warnings `ExpectedWarningFilter` drops.
+FILTERED_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.renderers.base")
 
 
 def _prepare_environment(config: RolloutConfig) -> None:
@@ -58,9 +69,10 @@ def _prepare_environment(config: RolloutConfig) -> None:
     # external_launcher takes the rank from torchrun's variables; Ray or spawn may not set them.
     os.environ.setdefault("RANK", str(dist.get_rank()))
     os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
-    reload_logger = logging.getLogger(_RELOAD_LOGGER)
-    if not any(isinstance(f, _RotaryReloadFilter) for f in reload_logger.filters):
-        reload_logger.addFilter(_RotaryReloadFilter())
+    for name in FILTERED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ExpectedWarningFilter) for f in logger.filters):
+            logger.addFilter(ExpectedWarningFilter())
 
 
 def _kv_cache_storages(worker: object) -> list[torch.UntypedStorage]:
