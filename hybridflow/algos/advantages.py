@@ -185,7 +185,7 @@ def gae(
     return advantages, returns
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", compares_group_samples=True)
 def grpo(
     data: Mapping[str, Tensor],
     *,
@@ -218,7 +218,7 @@ def grpo(
     return advantages, advantages.clone()
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", compares_group_samples=True)
 def rloo(data: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
     """REINFORCE Leave-One-Out (Kool et al., "Buy 4 REINFORCE Samples, Get a Baseline for Free!",
     ICLR 2019 workshop; Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization
@@ -293,7 +293,7 @@ def reinforce_pp(
     )
 
 
-@register_advantage_estimator("reinforce_pp_baseline")
+@register_advantage_estimator("reinforce_pp_baseline", compares_group_samples=True)
 def reinforce_pp_baseline(
     data: Mapping[str, Tensor],
     *,

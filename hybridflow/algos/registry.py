@@ -27,6 +27,7 @@ __all__ = [
     "POLICY_LOSSES",
     "Registry",
     "UnknownNameError",
+    "compares_group_samples",
     "register_advantage_estimator",
     "register_aggregation_mode",
     "register_kl_estimator",
@@ -148,12 +149,26 @@ KL_ESTIMATORS: Registry[Callable[..., object]] = Registry("kl estimator")
 AGGREGATION_MODES: Registry[Callable[..., object]] = Registry("loss aggregation mode")
 
 
-def register_advantage_estimator(name: str, *, override: bool = False) -> Callable[[F], F]:
+def register_advantage_estimator(
+    name: str, *, override: bool = False, compares_group_samples: bool = False
+) -> Callable[[F], F]:
     """Decorator registering ``fn(data, **params) -> (advantages, returns)`` as an advantage estimator.
 
+    ``compares_group_samples`` marks an estimator whose advantage is a sample's score relative to the
+    other samples of its prompt (GRPO, RLOO): config validation then requires ``rollout.n >= 2``.
     See :mod:`hybridflow.algos` for the calling convention.
     """
-    return ADVANTAGE_ESTIMATORS.register(name, override=override)
+
+    def decorator(fn: F) -> F:
+        fn.compares_group_samples = compares_group_samples  # type: ignore[attr-defined]
+        return ADVANTAGE_ESTIMATORS.register(name, override=override)(fn)
+
+    return decorator
+
+
+def compares_group_samples(name: str) -> bool:
+    """Whether the advantage estimator registered as ``name`` needs several samples per prompt."""
+    return bool(getattr(ADVANTAGE_ESTIMATORS.get(name), "compares_group_samples", False))
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:

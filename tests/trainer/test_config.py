@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from hybridflow.algos import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    register_advantage_estimator,
+)
 from trainer.config import (
     CONFIG_DIR,
     ConfigError,
@@ -510,3 +516,17 @@ def test_docs_give_every_key_with_its_default():
     assert not missing, f"docs/config.md lacks {missing}"
     wrong = {key: (documented[key], value) for key, value in defaults.items() if documented[key] != value}
     assert not wrong, f"docs/config.md gives wrong defaults (documented, actual): {wrong}"
+
+
+def test_a_registered_group_estimator_also_refuses_one_sample_per_prompt(data_files):
+    @register_advantage_estimator("test_config.leave_one_out", compares_group_samples=True)
+    def leave_one_out(data, **params):
+        raise AssertionError("validation must not run the estimator")
+
+    sizes = ["actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=16"]
+    try:
+        overrides = [*data_files, *sizes, "rollout.n=1", "algorithm.adv_estimator=test_config.leave_one_out"]
+        problems = problems_of(GRPO, overrides)
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("test_config.leave_one_out")
+    assert len(problems) == 1 and problems[0].startswith("rollout.n: must be >= 2")

@@ -14,14 +14,13 @@ from hybridflow.algos import (
     POLICY_LOSSES,
     Registry,
     UnknownNameError,
+    compares_group_samples,
 )
 from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
 from trainer.config.sizes import check_sizes, unknown_pool
 
-__all__ = ["GROUP_ESTIMATORS", "check_rules"]
-
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+__all__ = ["check_rules"]
 """Advantage estimators whose baseline is the other samples of the same prompt: with one sample per
 prompt (``rollout.n`` 1) every group has a single member and every advantage is 0."""
 
@@ -59,7 +58,10 @@ def _check_names(config: RunConfig, problems: Problems) -> None:
 
 def _check_algorithm(config: RunConfig, problems: Problems) -> None:
     algorithm, actor = config.algorithm, config.actor
-    if algorithm.adv_estimator in GROUP_ESTIMATORS and config.rollout.n < 2:
+    group_relative = algorithm.adv_estimator in ADVANTAGE_ESTIMATORS and compares_group_samples(
+        algorithm.adv_estimator
+    )
+    if group_relative and config.rollout.n < 2:
         problems.add(
             "rollout.n",
             f"must be >= 2 for algorithm.adv_estimator {algorithm.adv_estimator!r}, which compares the samples "
