@@ -144,7 +144,8 @@ class WeightStreamer:
         # Hand out a tensor of the true shape that still owns the storage reference (not a view).
         trimmed = torch.empty(0, dtype=out.dtype, device=out.device)
         trimmed.set_(out.untyped_storage(), out.storage_offset(), value.shape, out.stride())
-        self._slots[-1].tensor = weakref.ref(trimmed)
+        if self._slots and self._slots[-1].tensor() is out:  # a ring slot, not an own allocation
+            self._slots[-1].tensor = weakref.ref(trimmed)
         return trimmed
 
     def _slot(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
