@@ -25,6 +25,7 @@ __all__ = [
     "build_optimizer",
     "clip_and_step",
     "gather_full_state",
+    "global_max",
     "global_sum",
     "load_training_state",
     "micro_batches",
@@ -68,14 +69,23 @@ def micro_batches(
     return batch.chunk(size), torch.arange(len(batch))
 
 
-def global_sum(value: float | torch.Tensor) -> float:
-    """Sum of ``value`` over all ranks of the default process group."""
+def _all_reduce(value: float | torch.Tensor, op: dist.ReduceOp.RedOpType) -> float:
     tensor = torch.as_tensor(value, dtype=torch.float64).reshape(1)
     if dist.is_initialized():
         if dist.get_backend() == "nccl":
             tensor = tensor.cuda()
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, op=op)
     return float(tensor.item())
+
+
+def global_sum(value: float | torch.Tensor) -> float:
+    """Sum of ``value`` over all ranks of the default process group."""
+    return _all_reduce(value, dist.ReduceOp.SUM)
+
+
+def global_max(value: float | torch.Tensor) -> float:
+    """Largest ``value`` over all ranks of the default process group."""
+    return _all_reduce(value, dist.ReduceOp.MAX)
 
 
 class LogProbGap:
@@ -97,13 +107,10 @@ class LogProbGap:
     def global_metrics(self) -> dict[str, float]:
         """The metrics over every rank (a collective: all ranks must call it)."""
         count = global_sum(self._count)
-        top = torch.tensor([self._max], dtype=torch.float64)
-        if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                top = top.cuda()
-            dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        total = global_sum(self._sum)
-        return {"sync/log_prob_abs_diff_mean": total / max(count, 1.0), "sync/log_prob_abs_diff_max": float(top.item())}
+        return {
+            "sync/log_prob_abs_diff_mean": global_sum(self._sum) / max(count, 1.0),
+            "sync/log_prob_abs_diff_max": global_max(self._max),
+        }
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:

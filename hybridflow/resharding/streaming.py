@@ -149,7 +149,7 @@ class WeightStreamer:
         return trimmed
 
     def _slot(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = _aligned(torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size())
+        nbytes = _aligned(torch.Size(shape).numel() * dtype.itemsize)
         if nbytes > self.capacity_bytes:
             self.buffers_allocated += 1
             return torch.empty(shape, dtype=dtype, device=self.device)
