@@ -13,11 +13,13 @@ Families and their calling conventions
   ``kl``); ``params`` are keyword-only config scalars. Taking the whole batch lets the trainer call
   every estimator the same way (:func:`compute_advantage`), while the keyword-only parameters make a
   misspelt config key an error. Built in: ``gae``, ``grpo``, ``rloo``, ``reinforce_pp``,
-  ``reinforce_pp_baseline``. Group ids may be ``[batch]`` or ``[batch, 2]`` (query id, prefix id);
+  ``reinforce_pp_baseline``, ``remax`` (reads ``baseline_scores``), ``opo``, ``gpg``, ``pass_at_k``.
+  Group ids may be ``[batch]`` or ``[batch, 2]`` (query id, prefix id);
   baselines use the finest group (see :mod:`hybridflow.algos.grouping`).
 * Policy losses, ``POLICY_LOSSES``: ``fn(log_prob, old_log_prob, advantages, response_mask, *,
   loss_agg_mode, global_token_count, global_seq_count, norm_constant, **params) -> (loss, metrics)``.
-  Built in: ``ppo_clip``, ``gspo``, ``reinforce``.
+  Built in: ``ppo_clip``, ``gspo``, ``reinforce``, ``cispo``, ``sapo``, ``gmpo``, ``clip_cov``,
+  ``kl_cov``.
 * KL estimators, ``KL_ESTIMATORS``: ``fn(log_prob, ref_log_prob) -> kl [batch, response_len]``.
   Built in: ``k1``, ``k2``, ``k3``.
 * Aggregation modes, ``AGGREGATION_MODES``: ``fn(loss_mat, mask, *, global_token_count,
@@ -49,9 +51,13 @@ from hybridflow.algos.advantages import (
     compute_advantage,
     discounted_returns,
     gae,
+    gpg,
     grpo,
+    opo,
+    pass_at_k,
     reinforce_pp,
     reinforce_pp_baseline,
+    remax,
     rloo,
 )
 from hybridflow.algos.aggregation import (
@@ -72,7 +78,18 @@ from hybridflow.algos.masked import (
     masked_var,
     masked_whiten,
 )
-from hybridflow.algos.policy_losses import compute_policy_loss, gspo_loss, ppo_clip_loss, reinforce_loss
+from hybridflow.algos.policy_losses import (
+    cispo_loss,
+    clip_cov_loss,
+    compute_policy_loss,
+    gmpo_loss,
+    gspo_loss,
+    kl_cov_loss,
+    ppo_clip_loss,
+    reinforce_loss,
+    sapo_loss,
+    token_covariance,
+)
 from hybridflow.algos.registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -101,6 +118,8 @@ __all__ = [
     "aggregate_loss",
     "apply_kl_penalty",
     "build_kl_controller",
+    "cispo_loss",
+    "clip_cov_loss",
     "clipped_value_loss",
     "compares_group_samples",
     "compute_advantage",
@@ -110,10 +129,13 @@ __all__ = [
     "entropy_bonus",
     "entropy_from_logits",
     "gae",
+    "gmpo_loss",
+    "gpg",
     "group_index",
     "group_stats",
     "grpo",
     "gspo_loss",
+    "kl_cov_loss",
     "kl_k1",
     "kl_k2",
     "kl_k3",
@@ -122,6 +144,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "opo",
+    "pass_at_k",
     "ppo_clip_loss",
     "register_advantage_estimator",
     "register_aggregation_mode",
@@ -130,9 +154,12 @@ __all__ = [
     "reinforce_loss",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "remax",
     "rloo",
+    "sapo_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
+    "token_covariance",
     "token_mean",
 ]

@@ -22,6 +22,8 @@ key                      shape                         meaning
 ``kl``                   ``[batch, response_len]``     per-token KL to the reference policy in
                                                        nats, usually k1 (``reinforce_pp*`` with
                                                        ``kl_coef != 0``)
+``baseline_scores``      ``[batch]``                   score of the greedy response to the row's
+                                                       prompt (``remax`` only)
 =======================  ============================  =========================================
 
 When both ``scores`` and ``token_level_rewards`` are present, ``scores`` takes precedence (as the
@@ -44,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hybridflow.algos.grouping import group_stats
+from hybridflow.algos.grouping import group_index, group_stats
 from hybridflow.algos.masked import last_valid_token_mask, masked_sum, masked_whiten
 from hybridflow.algos.registry import ADVANTAGE_ESTIMATORS, register_advantage_estimator
 
@@ -52,9 +54,13 @@ __all__ = [
     "compute_advantage",
     "discounted_returns",
     "gae",
+    "gpg",
     "grpo",
+    "opo",
+    "pass_at_k",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "remax",
     "rloo",
 ]
 
@@ -322,6 +328,184 @@ def reinforce_pp_baseline(
     baseline = group_stats(scores, _require(data, "group_ids", who)).mean
     token_rewards = token_rewards - _per_token(baseline, last_valid_token_mask(mask))
     return _reinforce_pp_core(data, mask, token_rewards, gamma=gamma, kl_coef=kl_coef, eps=eps, who=who)
+
+
+@register_advantage_estimator("remax")
+def remax(data: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """ReMax (Li et al., "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for
+    Aligning Large Language Models", arXiv:2310.10505).
+
+    Reads ``response_mask``, the outcome score (``scores`` ``[batch]``, or the masked sum of
+    ``token_level_rewards``) and ``baseline_scores [batch]``: the score of the greedy (argmax-decoded)
+    response to the row's prompt, repeated on every sampled row of that prompt.
+
+    Formula: ``A_i = s_i - b_i`` with ``b_i`` the greedy response's score, copied to every valid token
+    of sample ``i``; ``returns`` equals ``advantages``. The greedy response is a per-prompt baseline
+    that needs no critic and no second sample, so ReMax works with one sample per prompt.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 at invalid tokens.
+    """
+    mask = _response_mask(data, "remax")
+    scores = _sequence_scores(data, mask, "remax")
+    baseline = _require(data, "baseline_scores", "remax")
+    if baseline.shape != scores.shape:
+        raise ValueError(
+            f"remax: baseline_scores must be [batch]={scores.shape[0]}, got {tuple(baseline.shape)}"
+        )
+    advantages = _per_token(scores - baseline.to(scores.dtype), mask)
+    return advantages, advantages.clone()
+
+
+@register_advantage_estimator("opo", compares_group_samples=True)
+def opo(data: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """On-Policy RL with Optimal reward baseline (Hao et al., "On-Policy RL with Optimal Reward
+    Baseline", arXiv:2505.23585).
+
+    Reads ``response_mask``, ``group_ids`` and the outcome score (``scores`` or the masked sum of
+    ``token_level_rewards``).
+
+    Formula, per sample ``i`` in (finest) group ``g``, with ``l_j`` the number of valid tokens of
+    sample ``j``: ``b_g = sum_{j in g} l_j s_j / sum_{j in g} l_j`` and ``A_i = s_i - b_g``. This is
+    the variance-minimising baseline ``E[|grad log pi|^2 s] / E[|grad log pi|^2]`` under the
+    paper's approximation that the squared gradient norm of a response grows with its length.
+    Groups of size 1 get ``A = 0`` (their baseline is their own score); a group whose responses are
+    all empty has no valid token to carry an advantage. ``returns`` equals ``advantages``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 at invalid tokens.
+    """
+    mask = _response_mask(data, "opo")
+    scores = _sequence_scores(data, mask, "opo")
+    index, num_groups = group_index(_require(data, "group_ids", "opo").to(scores.device))
+    if index.shape[0] != scores.shape[0]:
+        raise ValueError(f"opo: group_ids has {index.shape[0]} rows but the batch has {scores.shape[0]}")
+    # float64: the weighted sums of a large group of near-equal scores cancel in the subtraction.
+    lengths = mask.sum(dim=-1).to(torch.float64)
+    s = scores.to(torch.float64)
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=s.device)
+    weighted = zeros.index_add(0, index, lengths * s)
+    total_length = zeros.index_add(0, index, lengths)
+    count = zeros.index_add(0, index, torch.ones_like(s))
+    baseline = weighted / total_length.clamp(min=1)
+    adv = torch.where(count[index] > 1, s - baseline[index], torch.zeros_like(s)).to(scores.dtype)
+    advantages = _per_token(adv, mask)
+    return advantages, advantages.clone()
+
+
+@register_advantage_estimator("gpg", compares_group_samples=True)
+def gpg(data: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Group Policy Gradient (Chu et al., "GPG: A Simple and Strong Reinforcement Learning Baseline
+    for Model Reasoning", arXiv:2504.02546).
+
+    Reads ``response_mask``, ``group_ids`` and the outcome score (``scores`` or the masked sum of
+    ``token_level_rewards``).
+
+    Formula, per sample ``i`` in (finest) group ``g``: ``A_i = alpha * (s_i - mean_g(s))`` (the
+    paper's ``F_norm = 1``: no division by the group std), with ``alpha = B / (B - M)``, ``B`` the
+    samples of the batch that have a valid token and ``M`` those among them whose centred score is
+    0 (all groups whose scores are equal, singletons included, give only such samples). The
+    ``M`` invalid samples pass no gradient, so ``alpha`` rescales the batch gradient back to what the
+    ``B - M`` valid samples would give on their own; ``alpha = 1`` when no sample is valid. The paper
+    pairs this with the plain policy gradient (the ``reinforce`` loss). ``returns`` equals
+    ``advantages``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 at invalid tokens.
+    """
+    mask = _response_mask(data, "gpg")
+    scores = _sequence_scores(data, mask, "gpg")
+    stats = group_stats(scores, _require(data, "group_ids", "gpg"))
+    # An all-equal group has centred scores of exactly 0 in exact arithmetic; pin them against rounding
+    # so that they are counted as invalid.
+    centred = torch.where(stats.std > 0, scores - stats.mean, torch.zeros_like(scores))
+    has_tokens = mask.any(dim=-1)
+    batch_size = int(has_tokens.sum())
+    valid = int((has_tokens & (centred != 0)).sum())
+    alpha = batch_size / valid if valid > 0 else 1.0
+    advantages = _per_token(alpha * centred, mask)
+    return advantages, advantages.clone()
+
+
+def _binary_scores(scores: Tensor, who: str) -> Tensor:
+    """``scores`` as a bool tensor; raises naming the first row whose score is neither 0 nor 1."""
+    bad = ~((scores == 0) | (scores == 1))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{who}: needs binary (0/1) scores, but row {row} has score {scores[row].item()}")
+    return scores == 1
+
+
+def _ratio_of_binomials(top: Tensor, bottom: Tensor, k: int) -> Tensor:
+    """``C(top, k) / C(bottom, k)`` for ``0 <= top <= bottom`` and ``k <= bottom``, elementwise, in float64.
+
+    Written as ``prod_{j < k} (top - j) / (bottom - j)`` so that no factorial is formed; a factor with
+    ``top - j <= 0`` makes the product (and ``C(top, k)``) 0. ``k = 0`` gives 1.
+    """
+    j = torch.arange(k, dtype=torch.float64, device=top.device)
+    factors = (top.unsqueeze(-1) - j).clamp(min=0) / (bottom.unsqueeze(-1) - j)
+    return factors.prod(dim=-1)
+
+
+@register_advantage_estimator("pass_at_k", compares_group_samples=True)
+def pass_at_k(data: Mapping[str, Tensor], *, k: int, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Pass@k training with the analytical advantage (Chen et al., "Pass@k Training for Adaptively
+    Balancing Exploration and Exploitation of Large Reasoning Models", arXiv:2508.10751).
+
+    Reads ``response_mask``, ``group_ids`` and binary outcome scores (``scores``, or the masked sum
+    of ``token_level_rewards``; each must be 0 or 1).
+
+    The reward of a set of ``k`` samples is its pass@k, 1 if any of them is correct. For a (finest)
+    group of ``N`` samples of which ``N_neg`` are wrong, the mean of that reward over all
+    ``C(N, k)`` subsets and its std are::
+
+        R = 1 - C(N_neg, k) / C(N, k)        sigma = sqrt(R (1 - R))
+
+    and the advantage of a sample is its expected subset reward minus ``R``, over ``sigma``::
+
+        A_pos = (1 - R) / (sigma + eps)
+        A_neg = (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / (sigma + eps)
+
+    (a correct sample makes every subset containing it pass; a wrong one fails in the subsets whose
+    other ``k - 1`` members are all wrong). Groups whose samples are all correct or all wrong get 0.
+    With ``k = 1`` this is GRPO with the population (not Bessel-corrected) std. ``A`` is copied to
+    every valid token; ``returns`` equals ``advantages``.
+
+    Args:
+        k: subset size of pass@k, ``1 <= k <=`` the size of every group.
+        eps: added to ``sigma``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 at invalid tokens.
+    """
+    who = "pass_at_k"
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{who}: k must be an integer >= 1, got {k!r}")
+    mask = _response_mask(data, who)
+    scores = _sequence_scores(data, mask, who)
+    correct = _binary_scores(scores, who)
+    index, num_groups = group_index(_require(data, "group_ids", who).to(scores.device))
+    if index.shape[0] != scores.shape[0]:
+        raise ValueError(f"{who}: group_ids has {index.shape[0]} rows but the batch has {scores.shape[0]}")
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=scores.device)
+    size = zeros.index_add(0, index, torch.ones_like(zeros[index]))
+    wrong = zeros.index_add(0, index, (~correct).to(torch.float64))
+    too_small = size < k
+    if bool(too_small.any()):
+        group = int(too_small.nonzero()[0, 0])
+        row = int((index == group).nonzero()[0, 0])
+        raise ValueError(
+            f"{who}: k={k} exceeds the size {int(size[group])} of the group of row {row}; "
+            "every group needs at least k samples"
+        )
+    mean = 1.0 - _ratio_of_binomials(wrong, size, k)
+    sigma = torch.sqrt(mean * (1.0 - mean))
+    all_fail_with_one_wrong = _ratio_of_binomials(wrong - 1, size - 1, k - 1)
+    adv_correct = (1.0 - mean) / (sigma + eps)
+    adv_wrong = (1.0 - mean - all_fail_with_one_wrong) / (sigma + eps)
+    adv = torch.where(correct, adv_correct[index], adv_wrong[index]).to(scores.dtype)
+    advantages = _per_token(adv, mask)
+    return advantages, advantages.clone()
 
 
 def compute_advantage(data: Mapping[str, Tensor], estimator: str, **params: Any) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ def clipped_value_loss(
 
     Per token, with ``c = cliprange_value``::
 
-        V_clip = V_old + clip(V - V_old, -c, c)
+        V_clip = clip(V, V_old - c, V_old + c)
         l      = 0.5 * max((V - R)^2, (V_clip - R)^2)
 
     The pessimistic max keeps the critic from moving further than ``c`` from the values that
@@ -48,7 +48,8 @@ def clipped_value_loss(
 
     Returns:
         ``(loss, metrics)``: the scalar loss and ``{"clip_frac": fraction of valid tokens where the
-        clipped term is the larger (so the token passes no gradient)}``, detached.
+        clamp changed V and the clipped term is the larger (so the token passes no gradient)}``,
+        detached.
     """
     if not (values.shape == old_values.shape == returns.shape == response_mask.shape):
         raise ValueError(
@@ -63,10 +64,12 @@ def clipped_value_loss(
     else:
         if cliprange_value < 0:
             raise ValueError(f"cliprange_value must be >= 0, got {cliprange_value}")
-        clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+        # Clamping V itself returns V bit for bit inside the range, where V_old + (V - V_old) may
+        # miss it by an ulp and so make the clipped term the larger by rounding alone.
+        clipped_values = values.clamp(old_values - cliprange_value, old_values + cliprange_value)
         clipped = (clipped_values - returns) ** 2
         loss_mat = 0.5 * torch.maximum(unclipped, clipped)
-        clip_active = clipped > unclipped
+        clip_active = (clipped_values != values) & (clipped > unclipped)
     loss = aggregate_loss(
         loss_mat, response_mask, loss_agg_mode, global_token_count, global_seq_count, norm_constant
     )

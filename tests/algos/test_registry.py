@@ -23,8 +23,27 @@ from hybridflow.algos import (
 
 
 def test_builtin_names_are_registered():
-    assert ADVANTAGE_ESTIMATORS.names() == ("gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo")
-    assert POLICY_LOSSES.names() == ("gspo", "ppo_clip", "reinforce")
+    assert ADVANTAGE_ESTIMATORS.names() == (
+        "gae",
+        "gpg",
+        "grpo",
+        "opo",
+        "pass_at_k",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "remax",
+        "rloo",
+    )
+    assert POLICY_LOSSES.names() == (
+        "cispo",
+        "clip_cov",
+        "gmpo",
+        "gspo",
+        "kl_cov",
+        "ppo_clip",
+        "reinforce",
+        "sapo",
+    )
     assert KL_ESTIMATORS.names() == ("k1", "k2", "k3")
     assert AGGREGATION_MODES.names() == (
         "seq-mean-token-mean",

@@ -49,3 +49,22 @@ def test_value_loss_validates():
         clipped_value_loss(VALUES, OLD, RETURNS, MASK, cliprange_value=-1.0)
     with pytest.raises(ValueError, match="shape"):
         clipped_value_loss(VALUES, OLD[:, :3], RETURNS, MASK)
+
+
+def test_clip_frac_ignores_an_unclipped_value_that_the_round_trip_misses_by_an_ulp():
+    # All values lie within 0.2 of the old ones, so nothing is clipped. For the first two tokens,
+    # V_old + (V - V_old) is not V in fp32, and its error from R is the larger: computing the clipped value
+    # that way counted them as clipped.
+    values = torch.tensor([[0.02, 0.05, 0.3]], requires_grad=True)
+    old = torch.tensor([[0.1, 0.12, 0.35]])
+    returns = torch.tensor([[0.0, 0.0, 0.3]])
+    mask = torch.ones(1, 3)
+    round_trip = old + (values.detach() - old)
+    assert bool((round_trip != values)[0, :2].all())
+    assert bool(((round_trip - returns) ** 2 > (values - returns) ** 2)[0, :2].all())
+
+    loss, metrics = clipped_value_loss(values, old, returns, mask, cliprange_value=0.2)
+    assert metrics["clip_frac"].item() == 0.0
+    assert_close(loss, torch.tensor(0.5 * (0.02**2 + 0.05**2 + 0.0) / 3))
+    loss.backward()
+    assert_close(values.grad, torch.tensor([[0.02 / 3, 0.05 / 3, 0.0]]))

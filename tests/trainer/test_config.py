@@ -219,7 +219,7 @@ def test_unknown_registry_name_lists_the_valid_choices(data_files, key, registry
 
 def test_unknown_estimator_suggests_the_close_name(data_files):
     (problem,) = problems_of(GRPO, [*data_files, "algorithm.adv_estimator=grp"])
-    assert "gae, grpo, " in problem
+    assert "gae, gpg, grpo, " in problem
     assert problem.endswith("(did you mean 'grpo'?)")
 
 
