@@ -6,6 +6,10 @@
   kind, ``tensor_stats`` (mean / std / min / max under a mask);
 - :mod:`~hybridflow.metrics.rl`: pure functions from a step's ``Batch`` to ``score/*``, ``reward/*``,
   ``advantage/*``, ``group/*``, ``response/*``, ``response_length/*``, ``sync/*``;
+- :mod:`~hybridflow.metrics.drift`: ``population_stability_index``, ``ks_statistic``,
+  ``RewardDriftTracker`` (rolling and reference reward windows per data source);
+- :mod:`~hybridflow.metrics.monitor`: ``TrainingMonitor`` built from ``MonitorConfig``: reward drift,
+  reward-hacking signals and "is it training?" diagnostics (``monitor/*``), ``TrainingAlarm``;
 - :mod:`~hybridflow.metrics.loggers`: console, jsonl, tensorboard and wandb loggers, ``MultiLogger``,
   ``create_logger``;
 - :mod:`~hybridflow.metrics.plot`: ``python -m hybridflow.metrics.plot RUN.jsonl --out DIR``.
@@ -13,6 +17,7 @@
 docs/metrics.md lists every metric name.
 """
 
+from hybridflow.metrics.drift import DriftScore, RewardDriftTracker, ks_statistic, population_stability_index
 from hybridflow.metrics.loggers import (
     ConsoleLogger,
     JsonlLogger,
@@ -24,6 +29,7 @@ from hybridflow.metrics.loggers import (
     create_logger,
     read_jsonl,
 )
+from hybridflow.metrics.monitor import Alarm, MonitorConfig, TrainingAlarm, TrainingMonitor
 from hybridflow.metrics.reduce import DEFAULT_KINDS, MetricKind, metric_kind, reduce_metrics, tensor_stats
 from hybridflow.metrics.rl import (
     advantage_metrics,
@@ -41,21 +47,29 @@ from hybridflow.metrics.timing import PHASES, PhaseTimer, Timer, throughput_metr
 __all__ = [
     "DEFAULT_KINDS",
     "PHASES",
+    "Alarm",
     "ConsoleLogger",
+    "DriftScore",
     "JsonlLogger",
     "LoggerUnavailableError",
     "MetricKind",
     "MetricLogger",
+    "MonitorConfig",
     "MultiLogger",
     "PhaseTimer",
+    "RewardDriftTracker",
     "TensorBoardLogger",
     "Timer",
+    "TrainingAlarm",
+    "TrainingMonitor",
     "WandbLogger",
     "advantage_metrics",
     "create_logger",
     "group_metrics",
+    "ks_statistic",
     "log_prob_gap_metrics",
     "metric_kind",
+    "population_stability_index",
     "read_jsonl",
     "reduce_metrics",
     "response_length_metrics",

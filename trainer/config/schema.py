@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridflow.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from hybridflow.metrics.monitor import MonitorConfig
 from trainer.config.frozen import FrozenMap
 
 __all__ = [
@@ -392,6 +393,7 @@ class RunConfig:
     resource: ResourceConfig = field(default_factory=ResourceConfig)
     resharding: ResharderConfig = field(default_factory=ResharderConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     @property
     def needs_reference(self) -> bool:
