@@ -371,19 +371,14 @@ class TrainingMonitor:
     def _entropy_collapse(
         self, rollouts: Batch, metrics: Mapping[str, Any], out: dict[str, float]
     ) -> Alarm | None:
-        key = self.config.entropy_key
-        if key in metrics:
-            entropy, what = float(metrics[key]), f"{key}"
-        elif (
-            "rollout_log_probs" in rollouts
-            and "response_mask" in rollouts
-            and rollouts["response_mask"].any()
-        ):
-            mask = rollouts["response_mask"].bool()
-            entropy = -rollouts["rollout_log_probs"].double()[mask].mean().item()
-            what = "the sampled tokens' mean negative log-prob (an entropy estimate)"
-        else:
+        entropy = self._entropy(rollouts, metrics)
+        if entropy is None:
             return None
+        what = (
+            self.config.entropy_key
+            if self.config.entropy_key in metrics
+            else "the sampled tokens' mean negative log-prob (an entropy estimate)"
+        )
         out["monitor/diag/entropy"] = entropy
         floor = self.config.entropy_floor
         if floor is None or entropy >= floor:
@@ -394,6 +389,18 @@ class TrainingMonitor:
             f"(< monitor.entropy_floor={floor}); samples of a prompt are near-identical, so groups stop "
             "carrying signal",
         )
+
+    def _entropy(self, rollouts: Batch, metrics: Mapping[str, Any]) -> float | None:
+        """The ``entropy_key`` metric, else ``-mean(rollout_log_probs)`` over response tokens (nats).
+
+        For tokens sampled from the policy, the mean negative log-prob estimates its entropy.
+        """
+        if self.config.entropy_key in metrics:
+            return float(metrics[self.config.entropy_key])
+        if "rollout_log_probs" not in rollouts or "response_mask" not in rollouts:
+            return None
+        sampled = rollouts["rollout_log_probs"][rollouts["response_mask"].bool()]
+        return None if sampled.numel() == 0 else -sampled.double().mean().item()
 
     def _clip_fraction(self, metrics: Mapping[str, Any], out: dict[str, float]) -> list[Alarm]:
         config = self.config
