@@ -1,20 +1,24 @@
 """Synthetic tasks written as prompt datasets in the veRL row layout.
 
-Arithmetic: problems ``A op B`` with operands of exactly ``digits`` digits (0-9 for one digit) and
-``op`` among ``+ - *``. The ground truth is the result as a decimal string (``"-12"`` for
-``23-35``). Test problems are distinct; train problems are distinct and never among the test ones, so
-the test split is held out. The same seed gives the same files.
+Arithmetic: problems ``A op B`` with operands of exactly ``digits`` digits (0-9 for one digit), or
+from 0 to ``max_operand`` when that is given, and ``op`` among ``+ - *``. The ground truth is the
+result as a decimal string (``"-12"`` for ``23-35``). Test problems are distinct; train problems
+are distinct and never among the test ones, so the test split is held out. The same seed gives the
+same files.
 
-Two prompt styles:
+Three prompt styles:
 
 - ``instruct``: the question plus an instruction to reason inside ``<think>...</think>`` and answer
   inside ``<answer>...</answer>``;
+- ``question``: just the question, ``"What is 12 + 45?"``, for chat models that answer in free text
+  (score the last number of the response);
 - ``bare``: just ``"12+45="``, for tiny models with a character tokenizer.
 
 Command line::
 
     python -m hybridflow.data.synthetic --task arithmetic --digits 2 --num-train 10000 \\
-        --num-test 500 --out data/arith2 [--ops + - *] [--style bare] [--seed 0] [--formats parquet jsonl]
+        --num-test 500 --out data/arith2 [--ops + - *] [--style bare] [--seed 0] [--formats parquet jsonl] \\
+        [--max-operand 20]
 
 writes ``train.parquet``, ``test.parquet``, ``train.jsonl`` and ``test.jsonl`` under ``--out``.
 """
@@ -42,7 +46,7 @@ __all__ = [
 
 ARITHMETIC_DATA_SOURCE = "synthetic/arithmetic"
 OPERATORS = ("+", "-", "*")
-STYLES = ("instruct", "bare")
+STYLES = ("instruct", "question", "bare")
 INSTRUCTION = (
     "Think step by step inside <think> </think>, then give the final answer as a plain number "
     "inside <answer> </answer>."
@@ -77,10 +81,12 @@ def _complement_element(rank: int, excluded: list[int]) -> int:
         value = shifted
 
 
-def _prompt_text(question: str, style: str) -> str:
+def _prompt_text(a: int, op: str, b: int, style: str) -> str:
     if style == "bare":
-        return f"{question}="
-    return f"What is {question}? {INSTRUCTION}"
+        return f"{a}{op}{b}="
+    if style == "question":
+        return f"What is {a} {op} {b}?"
+    return f"What is {a}{op}{b}? {INSTRUCTION}"
 
 
 def arithmetic_rows(
@@ -90,6 +96,7 @@ def arithmetic_rows(
     ops: Sequence[str] = ("+",),
     seed: int = 0,
     style: str = "instruct",
+    max_operand: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows of the ``train`` and ``test`` splits of the arithmetic task, keyed by split name.
 
@@ -98,7 +105,8 @@ def arithmetic_rows(
         digits: digits of each operand (>= 1).
         ops: operators drawn uniformly, a subset of ``+ - *``.
         seed: fixes every problem.
-        style: ``"instruct"`` or ``"bare"`` (see the module docstring).
+        style: ``"instruct"``, ``"question"`` or ``"bare"`` (see the module docstring).
+        max_operand: when given, operands are 0..max_operand (inclusive) and ``digits`` is ignored.
     """
     if digits < 1:
         raise ValueError(f"digits must be >= 1, got {digits}")
@@ -107,14 +115,17 @@ def arithmetic_rows(
         raise ValueError(f"ops must be a non-empty subset of {OPERATORS}, got {list(ops)}")
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if max_operand is not None and max_operand < 0:
+        raise ValueError(f"max_operand must be >= 0, got {max_operand}")
     if num_train < 0 or num_test < 0:
         raise ValueError(f"split sizes must be >= 0, got num_train={num_train}, num_test={num_test}")
     ops = list(dict.fromkeys(ops))
-    low, count = _operand_range(digits)
+    low, count = _operand_range(digits) if max_operand is None else (0, max_operand + 1)
     space = len(ops) * count * count
     if num_train + num_test > space:
+        operands = f"{digits}-digit" if max_operand is None else f"0..{max_operand}"
         raise ValueError(
-            f"{digits}-digit problems with ops {ops} have only {space} distinct problems; "
+            f"{operands} problems with ops {ops} have only {space} distinct problems; "
             f"asked for num_train={num_train} + num_test={num_test}"
         )
     rng = random.Random(seed)
@@ -129,7 +140,7 @@ def arithmetic_rows(
         question = f"{a}{op}{b}"
         return {
             "data_source": ARITHMETIC_DATA_SOURCE,
-            "prompt": [{"role": "user", "content": _prompt_text(question, style)}],
+            "prompt": [{"role": "user", "content": _prompt_text(a, op, b, style)}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(solve(a, op, b))},
             "extra_info": {"split": split, "index": index, "a": a, "b": b, "op": op, "question": question},
@@ -161,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     )
     parser.add_argument("--task", choices=["arithmetic"], default="arithmetic")
     parser.add_argument("--digits", type=int, default=2, help="digits per operand")
+    parser.add_argument("--max-operand", type=int, help="operands 0..N instead of --digits digits")
     parser.add_argument("--ops", nargs="+", default=["+"], choices=list(OPERATORS))
     parser.add_argument("--num-train", type=int, required=True)
     parser.add_argument("--num-test", type=int, required=True)
@@ -169,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--style", choices=list(STYLES), default="instruct")
     parser.add_argument("--formats", nargs="+", default=["parquet", "jsonl"], choices=["parquet", "jsonl"])
     args = parser.parse_args(argv)
-    splits = arithmetic_rows(args.num_train, args.num_test, args.digits, args.ops, args.seed, args.style)
+    splits = arithmetic_rows(
+        args.num_train, args.num_test, args.digits, args.ops, args.seed, args.style, args.max_operand
+    )
     paths = write_splits(splits, args.out, args.formats)
     for path in paths:
         print(path)

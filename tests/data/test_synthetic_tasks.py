@@ -43,6 +43,22 @@ def test_instruct_prompt_asks_for_think_and_answer_tags():
     assert "<think>" in content and "<answer>" in content
 
 
+def test_max_operand_bounds_operands_and_question_style_asks_in_words():
+    # Operands 0..20: 21 * 21 = 441 sums, all of them split 341 / 100.
+    splits = arithmetic_rows(341, 100, max_operand=20, style="question", seed=0)
+    rows = splits["train"] + splits["test"]
+    pairs = {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows}
+    assert pairs == {(a, b) for a in range(21) for b in range(21)}
+    for row in rows:
+        a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+        assert row["prompt"] == [{"role": "user", "content": f"What is {a} + {b}?"}]
+        assert row["reward_model"]["ground_truth"] == str(a + b)
+    with pytest.raises(ValueError, match=r"0\.\.20 problems with ops \['\+'\] have only 441"):
+        arithmetic_rows(342, 100, max_operand=20)
+    with pytest.raises(ValueError, match="max_operand must be >= 0"):
+        arithmetic_rows(1, 0, max_operand=-1)
+
+
 def test_command_line_writes_parquet_and_jsonl_that_load(tmp_path):
     out = tmp_path / "arith"
     main(["--task", "arithmetic", "--digits", "2", "--num-train", "12", "--num-test", "4", "--out", str(out)])
