@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybridflow.checkpoint import DiskFullError, IncompleteCheckpointError
+from hybridflow.rewards import RewardFunctionFailingError
 from trainer.config import ConfigError, load_config
 from trainer.ray_runtime import start_ray
 from trainer.rl_trainer import RLTrainer
@@ -39,12 +41,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 
 def cli() -> None:
-    """Entry point of the installed ``hybridflow`` command."""
+    """Entry point of the installed ``hybridflow`` command.
+
+    Exits with code 2 on a config error (every problem printed, one per line, before any process
+    starts), and with code 1 and a one-line message on the run's named failures: a full disk while
+    checkpointing, a checkpoint to resume from that is incomplete, a reward function failing on every
+    row. Anything else raises with its traceback.
+    """
     try:
         main()
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)
+    except (DiskFullError, IncompleteCheckpointError, RewardFunctionFailingError) as error:
+        print(f"hybridflow: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from hybridflow.algos import build_kl_controller
+from hybridflow.checkpoint import Checkpoint, CheckpointStore, training_state_bytes
 from hybridflow.controller import RayWorkerGroup
 from hybridflow.data import PromptDataset, PromptLoader
 from hybridflow.metrics import PhaseTimer, create_logger, step_metrics, throughput_metrics
@@ -48,9 +48,6 @@ __all__ = ["RLTrainer"]
 log = logging.getLogger(__name__)
 
 _TRAINING_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
-_STATE_FILE = "trainer_state.pt"
-
-
 class RLTrainer:
     """Runs a PPO/GRPO config: builds the data, the worker groups and the reward manager, then
     loops `train_step`, validating, logging and checkpointing as configured.
@@ -307,51 +304,48 @@ class RLTrainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoint_dir/step_{k}``: the actor's (and critic's) distributed checkpoints, then the
-        controller's state (data position, KL coefficient) last, which marks it complete."""
-        path = Path(self.config.trainer.checkpoint_dir) / f"step_{self.step}"
-        path.mkdir(parents=True, exist_ok=True)
-        self.actor.save_checkpoint(str(path / "actor"))
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(path / "critic"))
+        """Write ``checkpoint_dir/step_{k}`` through `hybridflow.checkpoint.CheckpointStore`: the actor's
+        (and critic's) distributed checkpoints, then the marker holding the controller's state (data
+        position, KL coefficient), which makes it complete. A full disk raises `DiskFullError` naming the
+        step and the space needed and free, and leaves no partial folder behind."""
+
+        def write_parts(path: Path) -> None:
+            self.actor.save_checkpoint(str(path / "actor"))
+            if self.critic is not None:
+                self.critic.save_checkpoint(str(path / "critic"))
+
         state = {
-            "step": self.step,
             "loader": self.loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
         }
-        torch.save(state, path / _STATE_FILE)
-        return path
+        size_hint = training_state_bytes(self.model_dir, trained_models=1 if self.critic is None else 2)
+        store = CheckpointStore(self.config.trainer.checkpoint_dir)
+        return store.save(self.step, state, write_parts, size_hint)
 
     def _maybe_resume(self) -> None:
         resume = self.config.trainer.resume
-        if resume == "disable":
-            return
-        path = self._latest_checkpoint() if resume == "auto" else Path(resume)
-        if path is None:
-            return
-        if not (path / _STATE_FILE).exists():
-            raise FileNotFoundError(
-                f"trainer.resume: {path} holds no complete checkpoint ({_STATE_FILE} missing)"
-            )
-        state = torch.load(path / _STATE_FILE, weights_only=False)
-        self.actor.load_checkpoint(str(path / "actor"))
-        if self.critic is not None:
-            self.critic.load_checkpoint(str(path / "critic"))
-        self.loader.load_state_dict(state["loader"])
-        self._prompts = self._prompt_stream()
-        if self.kl_ctrl is not None and state["kl_coef"] is not None:
-            self.kl_ctrl.value = state["kl_coef"]
-        self.step = state["step"]
-        log.warning("resumed from %s at step %d", path, self.step)
+        checkpoint = None
+        if resume == "auto":
+            checkpoint = self._latest_checkpoint()
+        elif resume != "disable":
+            checkpoint = CheckpointStore(self.config.trainer.checkpoint_dir).load(resume)
+        if checkpoint is not None:
+            self.actor.load_checkpoint(str(checkpoint.path / "actor"))
+            if self.critic is not None:
+                self.critic.load_checkpoint(str(checkpoint.path / "critic"))
+            self.loader.load_state_dict(checkpoint.state["loader"])
+            self._prompts = self._prompt_stream()
+            if self.kl_ctrl is not None and checkpoint.state["kl_coef"] is not None:
+                self.kl_ctrl.value = checkpoint.state["kl_coef"]
+            self.step = checkpoint.step
+            log.warning("resumed from %s at step %d", checkpoint.path, self.step)
+        # The run logs every step after its start again: records of those steps from an earlier run in
+        # this output folder go, so each step appears once (a fresh start keeps none).
+        self.logger.rewind(self.step + 1 if checkpoint is not None else 0)
 
-    def _latest_checkpoint(self) -> Path | None:
-        root = Path(self.config.trainer.checkpoint_dir)
-        steps = [
-            (int(match.group(1)), child)
-            for child in root.glob("step_*")
-            if (match := re.fullmatch(r"step_(\d+)", child.name)) and (child / _STATE_FILE).exists()
-        ]
-        return max(steps)[1] if steps else None
+    def _latest_checkpoint(self) -> Checkpoint | None:
+        # Skips (with a warning naming each) newer folders that are incomplete or torn.
+        return CheckpointStore(self.config.trainer.checkpoint_dir).latest()
 
     # ------------------------------------------------------------------ helpers
 

@@ -144,6 +144,8 @@ def reward_settings(config: RunConfig) -> RewardManagerConfig:
         fn_by_source=dict(reward.fn_by_source),
         shaping=tuple(ShapingSpec(s.name, dict(s.kwargs)) for s in reward.shaping),
         kill_grace_s=reward.kill_grace_s,
+        abort_failure_rate=reward.abort_failure_rate,
+        abort_window=reward.abort_window,
     )
 
 

@@ -1,0 +1,34 @@
+"""Checkpoints of a run: save without ever leaving a torn one behind, resume from the newest complete one.
+
+::
+
+    store = CheckpointStore("outputs/run/checkpoints")
+    store.save(step, {"loader": loader.state_dict()}, write_parts=lambda folder: ...)
+    checkpoint = store.latest()          # newest complete checkpoint, or None
+    checkpoint.step, checkpoint.state
+
+See :mod:`hybridflow.checkpoint.store` (folders, saving, the resume search),
+:mod:`hybridflow.checkpoint.marker` (the atomic completion marker) and
+:mod:`hybridflow.checkpoint.disk` (disk-full detection).
+"""
+
+from hybridflow.checkpoint.disk import free_bytes, is_disk_full, tree_bytes
+from hybridflow.checkpoint.errors import CheckpointError, DiskFullError, IncompleteCheckpointError
+from hybridflow.checkpoint.marker import MARKER_FILE, read_marker, write_marker
+from hybridflow.checkpoint.sizing import training_state_bytes
+from hybridflow.checkpoint.store import Checkpoint, CheckpointStore
+
+__all__ = [
+    "MARKER_FILE",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointStore",
+    "DiskFullError",
+    "IncompleteCheckpointError",
+    "free_bytes",
+    "is_disk_full",
+    "read_marker",
+    "training_state_bytes",
+    "tree_bytes",
+    "write_marker",
+]

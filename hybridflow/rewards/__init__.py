@@ -29,6 +29,7 @@ from hybridflow.rewards.rule_based import exact_match_reward, math_verify_reward
 
 _LAZY = {
     "RewardManager": "hybridflow.rewards.manager",
+    "RewardFunctionFailingError": "hybridflow.rewards.manager",
     "REWARD_SHAPING": "hybridflow.rewards.shaping",
     "get_reward_shaping": "hybridflow.rewards.shaping",
     "register_reward_shaping": "hybridflow.rewards.shaping",
@@ -38,6 +39,7 @@ __all__ = [
     "REWARD_FUNCTIONS",
     "REWARD_SHAPING",
     "RewardConfig",
+    "RewardFunctionFailingError",
     "RewardManager",
     "ShapingSpec",
     "exact_match_reward",

@@ -39,6 +39,11 @@ class RewardConfig:
             ``ShapingSpec`` objects or ``{"name": ..., "kwargs": {...}}`` dicts.
         kill_grace_s: a worker still busy ``timeout_s + kill_grace_s`` seconds into one sample (its
             function ignored the in-process timeout) is killed and replaced.
+        abort_failure_rate: stop the run (``RewardFunctionFailingError``) when a reward function fails
+            on at least this share of its rows over its last ``abort_window`` calls; ``None`` never
+            stops. The default 1.0 stops only a function that fails on every row.
+        abort_window: how many of a function's latest calls (those in which it scored rows) the failure
+            share is taken over.
     """
 
     num_workers: int = 2
@@ -48,6 +53,8 @@ class RewardConfig:
     fn_by_source: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
     shaping: tuple[ShapingSpec, ...] = ()
     kill_grace_s: float = 2.0
+    abort_failure_rate: float | None = 1.0
+    abort_window: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 1:
@@ -56,6 +63,11 @@ class RewardConfig:
             value = getattr(self, key)
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"RewardConfig.{key} must be a number > 0, got {value!r}")
+        rate = self.abort_failure_rate
+        if rate is not None and not (isinstance(rate, int | float) and 0 < rate <= 1):
+            raise ValueError(f"RewardConfig.abort_failure_rate must be in (0, 1] or None, got {rate!r}")
+        if not isinstance(self.abort_window, int) or self.abort_window < 1:
+            raise ValueError(f"RewardConfig.abort_window must be an int >= 1, got {self.abort_window!r}")
         if not isinstance(self.fallback_score, int | float) or not math.isfinite(self.fallback_score):
             raise ValueError(
                 f"RewardConfig.fallback_score must be a finite number, got {self.fallback_score!r}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ from hybridflow.rewards.pool import ScoreOutcome, ScoreTask, ScoringPool
 from hybridflow.rewards.registry import is_file_spec, resolve_reward_function
 from hybridflow.rewards.shaping import check_shaping_arguments, get_reward_shaping
 
-__all__ = ["REQUIRED_COLUMNS", "RewardManager"]
+__all__ = ["REQUIRED_COLUMNS", "RewardFunctionFailingError", "RewardManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,82 @@ REQUIRED_COLUMNS = ("response_text", "ground_truth", "data_source")
 # Failure statuses of the pool and the metric counting each.
 _FAILURE_METRICS = {"error": "reward/errors", "timeout": "reward/timeouts", "bad_type": "reward/bad_type"}
 _EXAMPLES_LOGGED = 3
+
+
+class RewardFunctionFailingError(RuntimeError):
+    """A reward function failed on too many of its rows for too long (``RewardConfig.abort_failure_rate``
+    over ``RewardConfig.abort_window`` calls): training on its fallback scores would learn nothing.
+
+    Attributes:
+        function: the function's key (its registered name, ``file.py:function`` or qualified name).
+        most_common: the most common kind of failure, e.g. ``raised ValueError`` or ``timed out``.
+    """
+
+    def __init__(self, function: str, most_common: str, message: str) -> None:
+        self.function = function
+        self.most_common = most_common
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class _CallFailures:
+    """One call's rows of one reward function: how many there were, and the failures by kind."""
+
+    total: int
+    kinds: Counter[str]
+    examples: dict[str, str]
+
+
+def _failure_kind(outcome: ScoreOutcome) -> str:
+    if outcome.status == "timeout":
+        return "timed out"
+    if outcome.status == "bad_type":
+        return "returned a non-number"
+    exception, sep, _ = outcome.detail.partition(":")
+    return f"raised {exception}" if sep and exception.isidentifier() else "failed"
+
+
+class _FailureWatch:
+    """Per reward function, the failures of its latest ``window`` calls; raises
+    `RewardFunctionFailingError` once their share of the function's rows reaches ``rate``."""
+
+    def __init__(self, rate: float | None, window: int) -> None:
+        self.rate = rate
+        self.window = window
+        self._calls: dict[str, deque[_CallFailures]] = {}
+
+    def record(self, keys: Sequence[str], outcomes: Sequence[ScoreOutcome]) -> None:
+        """Record one call: ``keys[i]`` is the function that scored row ``i``, with ``outcomes[i]``."""
+        if self.rate is None:
+            return
+        for key in dict.fromkeys(keys):
+            rows = [outcome for k, outcome in zip(keys, outcomes, strict=True) if k == key]
+            failures = [outcome for outcome in rows if outcome.status != "ok"]
+            kinds = Counter(_failure_kind(outcome) for outcome in failures)
+            examples = {}
+            for outcome in failures:
+                examples.setdefault(_failure_kind(outcome), outcome.detail)
+            calls = self._calls.setdefault(key, deque(maxlen=self.window))
+            calls.append(_CallFailures(len(rows), kinds, examples))
+            self._check(key, calls, self.rate)
+
+    def _check(self, key: str, calls: deque[_CallFailures], rate: float) -> None:
+        if len(calls) < self.window:
+            return
+        kinds: Counter[str] = sum((call.kinds for call in calls), Counter())
+        failed, total = sum(kinds.values()), sum(call.total for call in calls)
+        if failed < rate * total:
+            return
+        most_common, count = kinds.most_common(1)[0]
+        example = next(call.examples[most_common] for call in calls if most_common in call.examples)
+        raise RewardFunctionFailingError(
+            key,
+            most_common,
+            f"reward function {key!r} failed on {failed} of {total} rows over its last {self.window} calls "
+            f"(abort_failure_rate={rate}, abort_window={self.window}); most common failure ({count} rows): "
+            f"{most_common}, e.g. {example!r}. Fix the function, or raise abort_failure_rate (None never "
+            "stops) to train on the fallback score anyway",
+        )
 
 
 class RewardManager:
@@ -49,7 +127,10 @@ class RewardManager:
       has no token to sit on), score statistics and ``reward/time_s``.
 
     A failing sample never stops the call; each failure is counted and the first few are logged with
-    their row and error. The worker pool starts on the first call and lives until :meth:`close` (or
+    their row and error. A function that keeps failing stops the run: when its failed rows over its
+    last ``config.abort_window`` calls reach ``config.abort_failure_rate`` of its rows (by default:
+    every row, three calls in a row), the call raises `RewardFunctionFailingError` naming the function
+    and its most common failure. The worker pool starts on the first call and lives until :meth:`close` (or
     garbage collection); use the manager as a context manager to close it.
 
     Every reward function is resolved here, in the calling process, so a missing file, unknown name or
@@ -71,6 +152,7 @@ class RewardManager:
         for step in self.config.shaping:
             check_shaping_arguments(step.name, step.kwargs)
         self._pool: ScoringPool | None = None
+        self._failure_watch = _FailureWatch(self.config.abort_failure_rate, self.config.abort_window)
 
     def _add_function(self, where: str, spec: Any) -> str:
         fn = resolve_reward_function(spec)
@@ -135,6 +217,7 @@ class RewardManager:
         raw = torch.tensor([o.score if o.status == "ok" else fallback for o in outcomes], dtype=torch.float32)
         metrics = self._failure_metrics(outcomes, sources)
         metrics["reward/worker_restarts"] = float(self._pool.restarts - restarts_before)
+        self._failure_watch.record([task.fn_key for task in tasks], outcomes)
 
         scores = raw
         for name, fn, kwargs in self._shaping:

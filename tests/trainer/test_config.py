@@ -16,6 +16,7 @@ from hybridflow.algos import (
     POLICY_LOSSES,
     register_advantage_estimator,
 )
+from hybridflow.data import write_rows
 from trainer.config import (
     CONFIG_DIR,
     ConfigError,
@@ -39,8 +40,9 @@ PPO = CONFIG_DIR / "ppo.yaml"
 def data_files(tmp_path: Path) -> list[str]:
     """Overrides pointing the data section at files that exist (the shipped YAML expects generated data)."""
     train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
-    train.write_bytes(b"")
-    val.write_bytes(b"")
+    row = {"data_source": "toy", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+    write_rows([row], train)
+    write_rows([row], val)
     return [f"data.train_files=[{train}]", f"data.val_files=[{val}]"]
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -84,6 +85,10 @@ def _read_yaml(path: Path, problems: Problems) -> dict[str, Any]:
         return {}
     try:
         tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except yaml.YAMLError as error:
+        where, message = _yaml_error(path, error)
+        problems.reject(where, f"invalid YAML: {message}")
+        return {}
     except (OmegaConfBaseException, ValueError) as error:
         problems.reject(str(path), f"cannot parse YAML: {error}")
         return {}
@@ -103,6 +108,24 @@ def _parse_override(item: str, problems: Problems) -> dict[str, Any]:
     except OmegaConfBaseException as error:
         problems.reject(f"override {item!r}", f"cannot parse: {str(error).splitlines()[0]}")
         return {}
+    except yaml.YAMLError as error:
+        problems.reject(f"override {item!r}", f"cannot parse the value: {_yaml_error(None, error)[1]}")
+        return {}
+
+
+def _yaml_error(path: Path | None, error: yaml.YAMLError) -> tuple[str, str]:
+    """``("file:line:column", "what is wrong")`` for a YAML syntax error, in one line; lines and columns
+    count from 1. Without a ``path`` (an override's value) positions are left out: they would point into
+    the value, not a file."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return str(path), " ".join(str(error).split())
+    message = error.problem or "syntax error"
+    if error.context:
+        opened = error.context_mark
+        at = f" at line {opened.line + 1}, column {opened.column + 1}" if opened and path else ""
+        message = f"{message} ({error.context}{at})"
+    mark = error.problem_mark
+    return f"{path}:{mark.line + 1}:{mark.column + 1}", message
 
 
 def _resolve(tree: dict[str, Any], problems: Problems) -> dict[str, Any]:

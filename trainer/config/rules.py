@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from hybridflow.algos import (
     UnknownNameError,
     compares_group_samples,
 )
+from hybridflow.data.files import file_format
+from hybridflow.rewards.custom import load_reward_function
 from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
 from trainer.config.sizes import check_sizes, unknown_pool
@@ -129,6 +132,8 @@ def _check_data(config: RunConfig, problems: Problems) -> None:
         for i, path in enumerate(paths):
             if not Path(path).is_file():
                 problems.add(f"{key}[{i}]", f"file {path!r} not found")
+            elif (problem := _dataset_file_problem(Path(path))) is not None:
+                problems.add(f"{key}[{i}]", problem)
     top_ks = {
         "rollout.top_k": config.rollout.top_k,
         "rollout.val_sampling.top_k": config.rollout.val_sampling.top_k,
@@ -136,6 +141,30 @@ def _check_data(config: RunConfig, problems: Problems) -> None:
     for key, top_k in top_ks.items():
         if top_k == 0:
             problems.add(key, "must be -1 (disabled) or >= 1, got 0")
+
+
+def _dataset_file_problem(path: Path) -> str | None:
+    """What keeps an existing dataset file from giving rows (a format not known by its suffix, no
+    bytes, an unreadable parquet footer, no rows), or None. Reads the parquet footer or the jsonl file up
+    to its first non-blank line, not the rows."""
+    try:
+        fmt = file_format(path)
+    except ValueError as error:
+        return str(error)
+    if path.stat().st_size == 0:
+        return f"file {str(path)!r} is empty (0 bytes)"
+    if fmt == "parquet":
+        import pyarrow.parquet  # deferred: only needed when a parquet file is configured
+
+        try:
+            rows = pyarrow.parquet.read_metadata(path).num_rows
+        except Exception as error:
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return f"file {str(path)!r} is not a readable parquet file ({detail})"
+    else:
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            rows = int(any(line.strip() for line in lines))
+    return f"file {str(path)!r} holds no rows" if rows == 0 else None
 
 
 def _check_roles(config: RunConfig, problems: Problems) -> None:
@@ -184,6 +213,11 @@ def _check_trainer(config: RunConfig, problems: Problems) -> None:
         problems.add(
             "trainer.resume", f"checkpoint {trainer.resume!r} does not exist (or use 'auto' / 'disable')"
         )
+    if (problem := _folder_problem(trainer.output_dir)) is not None:
+        problems.add("trainer.output_dir", problem)
+    if (problem := _folder_problem(trainer.checkpoint_dir)) is not None:
+        # By default the checkpoint folder sits inside the output folder: one mistake, one message.
+        problems.add("trainer.checkpoint_dir", problem, "trainer.output_dir")
     duplicates = sorted({name for name in trainer.loggers if trainer.loggers.count(name) > 1})
     if duplicates:
         problems.add("trainer.loggers", f"listed more than once: {', '.join(duplicates)}")
@@ -191,6 +225,21 @@ def _check_trainer(config: RunConfig, problems: Problems) -> None:
         problems.add(
             "trainer.experiment", "must not be empty (it names the output folder and the logged run)"
         )
+
+
+def _folder_problem(folder: str) -> str | None:
+    """Why ``folder`` cannot be used (or created) as an output folder, or None."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        return f"{folder!r} is an existing file, not a folder"
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{folder!r} cannot be created: {str(existing)!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{folder!r} cannot be written: no write permission in {str(existing)!r}"
+    return None
 
 
 def _check_reward(reward: RewardConfig, problems: Problems) -> None:
@@ -203,6 +252,13 @@ def _check_reward(reward: RewardConfig, problems: Problems) -> None:
             file, _, function = spec.rpartition(":")
             if not function or not Path(file).is_file():
                 problems.add(key, f"{spec!r}: expected 'file.py:function' naming an existing file")
+                continue
+            # The file runs here, as it would in the reward manager, so that a missing function or a
+            # file that fails to import is reported now rather than after the workers started.
+            try:
+                load_reward_function(file, function)
+            except (ImportError, AttributeError, TypeError) as error:
+                problems.add(key, str(error))
     for i, step in enumerate(reward.shaping):
         if not step.name:
             problems.add(f"reward.shaping[{i}].name", "required: the registered shaping name")

@@ -237,7 +237,9 @@ class RewardConfig:
 
     A reward function is a registered name (e.g. ``exact_match``) or ``path/to/file.py:function``;
     ``fn_by_source`` picks one per ``data_source`` and ``default_fn`` serves the rest. A sample whose
-    function raises, returns a non-number or runs past ``timeout_s`` scores ``fallback_score``.
+    function raises, returns a non-number or runs past ``timeout_s`` scores ``fallback_score``. A
+    function that fails on at least ``abort_failure_rate`` of its rows over its last ``abort_window``
+    calls stops the run (null: never).
     """
 
     default_fn: str = "exact_match"
@@ -247,6 +249,8 @@ class RewardConfig:
     num_workers: int = _field(2, ge=1)
     kill_grace_s: float = _field(2.0, gt=0)
     shaping: tuple[ShapingConfig, ...] = ()
+    abort_failure_rate: float | None = _field(1.0, gt=0, le=1)
+    abort_window: int = _field(3, ge=1)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,16 @@ class MetricLogger(ABC):
     def close(self) -> None:
         """Flush and release what the logger holds."""
 
+    def rewind(self, step: int) -> None:
+        """Forget what was recorded for ``step`` and every later step.
+
+        A run restarting from the checkpoint of step ``k`` in the same output folder calls
+        ``rewind(k + 1)`` before it logs again (a fresh start calls ``rewind(0)``), so that each step
+        appears once. Loggers whose records outlive a run (files) override it; the default keeps nothing
+        to forget.
+        """
+        return
+
     def __enter__(self) -> MetricLogger:
         return self
 

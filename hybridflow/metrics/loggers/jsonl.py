@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ class JsonlLogger(MetricLogger):
     """Appends one JSON object per step to ``path`` (a resumed run continues the same file).
 
     Each line is flushed as it is written, so the file is readable while the run goes on and survives a
-    crash. NaN and infinities, which JSON cannot hold, are written as ``null``.
+    crash. NaN and infinities, which JSON cannot hold, are written as ``null``. `rewind` drops the
+    records of a step and those after it, so a resumed run does not repeat steps in the file.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -30,8 +32,35 @@ class JsonlLogger(MetricLogger):
         self._file.write(json.dumps({"step": step, **values}) + "\n")
         self._file.flush()
 
+    def rewind(self, step: int) -> None:
+        """Rewrite the file with only the records of steps before ``step``, atomically (a crash leaves the
+        old file or the new one). A line cut short by an earlier crash goes too."""
+        self._file.close()
+        kept = [
+            line
+            for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.endswith("\n") and (line_step := _step_of(line)) is not None and line_step < step
+        ]
+        temporary = self.path.with_name(f".{self.path.name}.rewind")
+        with temporary.open("w", encoding="utf-8") as file:
+            file.writelines(kept)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+
     def close(self) -> None:
         self._file.close()
+
+
+def _step_of(line: str) -> int | None:
+    """The ``step`` of one line of a metrics file; None for a line that is not such a record."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

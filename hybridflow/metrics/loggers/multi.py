@@ -20,6 +20,10 @@ class MultiLogger(MetricLogger):
         for logger in self.loggers:
             logger.log(metrics, step)
 
+    def rewind(self, step: int) -> None:
+        for logger in self.loggers:
+            logger.rewind(step)
+
     def close(self) -> None:
         """Close every logger, even if one fails; the first failure is raised afterwards."""
         errors = []

@@ -1,0 +1,58 @@
+"""Errors of the checkpoint store; each names the checkpoint (or target folder) it is about."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+__all__ = ["CheckpointError", "DiskFullError", "IncompleteCheckpointError"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """A checkpoint folder that is not a complete, loadable checkpoint.
+
+    Attributes:
+        path: the checkpoint folder.
+        reason: what is wrong with it, e.g. ``trainer_state.pt is empty (0 bytes)``.
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"checkpoint {self.path} is incomplete: {reason}")
+
+
+class DiskFullError(OSError):
+    """The file system ran out of space while a checkpoint was written.
+
+    An ``OSError`` with ``errno`` ENOSPC, so ``except OSError`` handlers see it as the disk error it is.
+
+    Attributes:
+        path: the checkpoint folder being written (already removed again).
+        step: the training step of the checkpoint.
+        needed_bytes: an estimate of the checkpoint's size.
+        free_bytes: space left on the file system once the partial checkpoint was removed.
+    """
+
+    def __init__(self, path: Path, step: int, needed_bytes: int, free_bytes: int) -> None:
+        self.path = Path(path)
+        self.step = step
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.message = (
+            f"no space left on {self.path.parent} while saving checkpoint step {step} "
+            f"(needed ~{_megabytes(needed_bytes)} MB, free {_megabytes(free_bytes)} MB); "
+            f"the partial checkpoint {self.path.name} was removed"
+        )
+        super().__init__(errno.ENOSPC, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.1f}"
