@@ -1,4 +1,4 @@
-"""bf16 mixed precision against fp32 for an FSDP2 training step on this machine's device.
+"""bf16 mixed precision against fp32 for an FSDP2 training step, on the CPU or (``--gpu``) a GPU.
 
 Measures forward + backward + AdamW step time of a ~27M-parameter Qwen2 (FSDP2 over one rank, packed
 log-prob loss) with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` against fp32, and how
@@ -6,6 +6,7 @@ far the bf16 results are from fp32 ones: token log-probs (nats), gradients and t
 
     python benchmarks/bench_precision.py [--iters 3] [--tokens 2048] [--threads 2]
     python benchmarks/bench_precision.py --hidden 256 --layers 4 --vocab 1024   # demo-sized, ~3M
+    python benchmarks/bench_precision.py --gpu                                   # nccl, cuda:0
 
 The two variants run interleaved, so load from other processes on the host hits both alike.
 """
@@ -20,21 +21,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from hybridflow.parallel import (
-    build_meshes,
-    default_device_type,
-    packed_log_probs,
-    shard_model,
-    training_attn_implementation,
-)
+from hybridflow.parallel import DevicePlan, build_meshes, local_device_plan, packed_log_probs, shard_model
 
-VARIANTS = {
-    "fp32": MixedPrecisionPolicy(),
-    "bf16": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-}
+# Variant name -> the param_dtype a config would name.
+VARIANTS = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def build_model(seed: int, attn: str, hidden: int, layers: int, vocab: int) -> Qwen2ForCausalLM:
@@ -53,12 +45,14 @@ def build_model(seed: int, attn: str, hidden: int, layers: int, vocab: int) -> Q
     return Qwen2ForCausalLM(config)
 
 
-def init_single_rank() -> None:
+def init_single_rank(plan: DevicePlan) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    if plan.device.type == "cuda":
+        torch.cuda.set_device(plan.device)
+    dist.init_process_group(plan.backend, rank=0, world_size=1)
 
 
 def train_step(model, optimizer, input_ids, mask) -> tuple[float, float]:
@@ -93,18 +87,20 @@ def main() -> None:
     )
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument("--gpu", action="store_true", help="run on this process's GPU (nccl)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    init_single_rank()
-    device = default_device_type()
-    mesh = build_meshes(1, 1, device).train
+    plan = local_device_plan(args.gpu)
+    init_single_rank(plan)
+    device = plan.device
+    mesh = build_meshes(1, 1, plan.device_type).train
+    # One attention for both variants, so that only the precision differs: the one fp32 accepts.
+    attn = plan.attn_implementation("float32")
 
     models, optimizers = {}, {}
-    for name, policy in VARIANTS.items():
-        model = build_model(0, training_attn_implementation(device), args.hidden, args.layers, args.vocab).to(
-            device
-        )
-        models[name] = shard_model(model, mesh, mp_policy=policy)
+    for name, param_dtype in VARIANTS.items():
+        model = build_model(0, attn, args.hidden, args.layers, args.vocab).to(device)
+        models[name] = shard_model(model, mesh, mp_policy=plan.mixed_precision(param_dtype))
         optimizers[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4)
     num_params = sum(p.numel() for p in models["fp32"].parameters())
 

@@ -3,7 +3,8 @@
 A randomly initialised Qwen2 of ~34M parameters (vocab 8192, hidden 512, 8 layers, 8 heads with 4 KV
 heads, MLP 1536) samples ``n`` responses for each of ``num_prompts`` prompts of random tokens with
 lengths drawn uniformly from [16, 64], up to ``max_new_tokens`` each, at temperature 1. Both engines
-run in this one process (the vLLM engine inside a one-process gloo group). The HF engine runs first
+run in this one process (the vLLM engine inside a one-process group: gloo, or nccl with ``--gpu``). The
+HF engine runs first
 because starting vLLM pins torch's thread settings for the rest of the process. Each engine gets one
 untimed warm-up call (torch.compile, allocator) before the timed one.
 
@@ -14,7 +15,7 @@ eighth of the time. Numbers and settings are in docs/rollout.md.
 
 Run:  python benchmarks/bench_rollout.py [--dtype bfloat16] [--num-prompts 64] [--n 8]
           [--max-new-tokens 128] [--kv-cache-mib 1024] [--max-num-seqs 512] [--hf-batch-rows 64] [--hf-prompts K]
-          [--engines vllm,hf]
+          [--engines vllm,hf] [--gpu]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
+from hybridflow.parallel import local_device_plan
 from hybridflow.protocol import Batch
 from hybridflow.rollout import (
     HFRolloutEngine,
@@ -89,13 +91,17 @@ def main() -> None:
     parser.add_argument("--engines", default="vllm,hf")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpu", action="store_true", help="run both engines on this process's GPU")
     args = parser.parse_args()
     engines = args.engines.split(",")
     dtype = getattr(torch, args.dtype)
+    plan = local_device_plan(args.gpu)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    if args.gpu:
+        torch.cuda.set_device(plan.device)
+    dist.init_process_group(plan.backend, rank=0, world_size=1)
 
     model = build_tiny_causal_lm(
         VOCAB,
@@ -113,12 +119,14 @@ def main() -> None:
     sampling = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(
         f"model: Qwen2 {params / 1e6:.1f}M params, {args.dtype}; {args.num_prompts} prompts x n={args.n}, "
-        f"up to {args.max_new_tokens} new tokens; torch threads {torch.get_num_threads()}"
+        f"up to {args.max_new_tokens} new tokens; {plan.device}, torch threads {torch.get_num_threads()}"
     )
 
     results: dict[str, float] = {}
     if "hf" in engines:
-        hf = HFRolloutEngine(model, (EOS,), PAD, seed=args.seed, max_batch_rows=args.hf_batch_rows)
+        hf = HFRolloutEngine(
+            model.to(plan.device), (EOS,), PAD, seed=args.seed, max_batch_rows=args.hf_batch_rows
+        )
         hf_prompts = prompts if args.hf_prompts is None else prompts[: args.hf_prompts]
         tokens, seconds = timed_generate(hf, hf_prompts, sampling)
         results["hf"] = tokens / seconds

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.controller import DataParallel, Worker, register
@@ -33,11 +32,11 @@ from hybridflow.parallel import (
     build_meshes,
     load_fsdp_params,
     offload_fsdp_params,
+    on_worker_device,
     packed_log_probs,
     padded_log_probs,
     reshard_all,
     shard_model,
-    training_attn_implementation,
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
@@ -113,7 +112,7 @@ class ActorRolloutRefWorker(Worker):
         self.resharding_config = resharding
         self.with_ref = with_ref
         self.offload_ref = offload_ref
-        self.meshes = build_meshes(self.world_size, rollout.tensor_parallel_size)
+        self.meshes = build_meshes(self.world_size, rollout.tensor_parallel_size, self.device_plan.device_type)
         self.register_device_mesh("infer", self.meshes.infer, dp_dim="dp")
         self.update_steps = 0
 
@@ -124,15 +123,12 @@ class ActorRolloutRefWorker(Worker):
         model = load_causal_lm(config.path, getattr(torch, config.dtype)).to(self.device)
         # Packed rows need per-sequence attention; plain sdpa would build a dense mask over all of
         # a micro-batch's tokens (measured 3.6x slower for the log-prob pass on a 25M model).
-        model.set_attn_implementation(training_attn_implementation(self.device.type))
+        model.set_attn_implementation(self.device_plan.attn_implementation(config.param_dtype))
         model.requires_grad_(trainable)
-        mp_policy = None
-        if config.param_dtype is not None:
-            mp_policy = MixedPrecisionPolicy(param_dtype=getattr(torch, config.param_dtype), reduce_dtype=torch.float32)
         return shard_model(
             model,
             self.meshes.train,
-            mp_policy=mp_policy,
+            mp_policy=self.device_plan.mixed_precision(config.param_dtype),
             activation_checkpointing=config.activation_checkpointing and trainable,
         )
 
@@ -147,7 +143,7 @@ class ActorRolloutRefWorker(Worker):
         if self.ref_model is not None and self.offload_ref:
             offload_fsdp_params(self.ref_model)
         loaded = time.perf_counter()
-        self.engine = build_rollout_engine(self.rollout_config, self.model_config.path)
+        self.engine = build_rollout_engine(self.rollout_config, self.model_config.path, device=self.device)
         # The manager starts in the training layout: the engine's cache is given back until needed.
         self.engine.release()
         weight_dtype = getattr(torch, self.rollout_config.dtype)
@@ -215,6 +211,7 @@ class ActorRolloutRefWorker(Worker):
         return TokenLogProbs(log_probs, entropy)
 
     @register(dispatch=DataParallel())
+    @on_worker_device
     def compute_log_prob(self, batch: Batch, with_entropy: bool = False) -> Batch:
         """``old_log_probs [batch, response_len]`` (nats) under the current actor, in the training
         layout; with ``with_entropy`` also ``entropy [batch, response_len]`` computed in logit chunks."""
@@ -227,6 +224,7 @@ class ActorRolloutRefWorker(Worker):
         return Batch(columns)
 
     @register(dispatch=DataParallel())
+    @on_worker_device
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy."""
         if self.ref_model is None:
@@ -243,6 +241,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ training
 
     @register(dispatch=DataParallel(allow_padding=False))
+    @on_worker_device
     def update_actor(self, batch: Batch, loss_fn: ActorLoss | None = None) -> dict[str, float]:
         """Train on one step's rollouts: ``epochs`` passes of mini-batches, each an optimizer step.
 

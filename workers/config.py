@@ -22,9 +22,9 @@ class ModelConfig:
         path: a Hugging Face model directory (config, weights, tokenizer).
         dtype: dtype of the FSDP2 master weights (``float32`` recommended; mixed precision is separate).
         activation_checkpointing: recompute each decoder layer in backward instead of storing it.
-        param_dtype: compute dtype under FSDP2 mixed precision; ``None`` picks by device
-            (`hybridflow.parallel.default_mixed_precision`: bf16 on GPUs and on CPUs with bf16 units,
-            fp32 elsewhere). Set ``"float32"`` for exact comparisons.
+        param_dtype: compute dtype under FSDP2 mixed precision; ``None`` is the worker's default
+            (`hybridflow.parallel.DevicePlan`: bf16 on GPU, fp32 on CPU). Set ``"float32"`` for exact
+            comparisons.
     """
 
     path: str = ""

@@ -19,19 +19,18 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoModel
 
 from hybridflow.algos import clipped_value_loss, masked_sum
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import (
-    default_device_type,
+    DevicePlan,
+    on_worker_device,
     pack_sequences,
     packing_kwargs,
     position_ids_from_mask,
     reshard_all,
     shard_model,
-    training_attn_implementation,
     unpack_tokens,
 )
 from hybridflow.protocol import Batch
@@ -112,40 +111,37 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32, seed: int = 
 
 
 def shard_head_model(
-    model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool
+    model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool, plan: DevicePlan
 ) -> nn.Module:
     """Shard ``model`` with FSDP2 over ``mesh``: each decoder layer a unit, then the root (embeddings,
-    final norm, head). Mixed precision and activation checkpointing follow ``config``; attention is
-    the per-sequence (varlen) kind, so packed rows cost no dense mask over a micro-batch's tokens."""
-    model.model.set_attn_implementation(training_attn_implementation(mesh.device_type))
+    final norm, head). Activation checkpointing follows ``config``; the compute dtype and the attention
+    follow ``plan`` for ``config.param_dtype``. Attention is a per-sequence (varlen) kind, so packed
+    rows cost no dense mask over a micro-batch's tokens."""
+    model.model.set_attn_implementation(plan.attn_implementation(config.param_dtype))
     model.requires_grad_(trainable)
-    mp_policy = None
-    if config.param_dtype is not None:
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=getattr(torch, config.param_dtype), reduce_dtype=torch.float32
-        )
     return shard_model(
         model,
         mesh,
-        mp_policy=mp_policy,
+        mp_policy=plan.mixed_precision(config.param_dtype),
         activation_checkpointing=config.activation_checkpointing and trainable,
     )
 
 
-def response_values(model: nn.Module, batch: Batch, use_packing: bool, device: torch.device) -> torch.Tensor:
+def response_values(model: nn.Module, batch: Batch, use_packing: bool) -> torch.Tensor:
     """V(s_t) for each response token: ``[batch, response_len]``, 0 where ``response_mask`` is 0.
 
     Reads ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded, at least one prompt
-    column) and ``responses``/``response_mask [batch, response_len]``. Differentiable.
+    column) and ``responses``/``response_mask [batch, response_len]``, on the model's device.
+    Differentiable.
     """
     input_ids, attention_mask = sequence_inputs(batch)
-    response_mask = batch["response_mask"].to(device)
+    response_mask = batch["response_mask"]
     response_len = response_mask.shape[1]
     if input_ids.shape[1] <= response_len:
         raise ValueError(
             "the batch has no prompt columns: the value of response token 0 needs a token before it"
         )
-    per_token = model(input_ids.to(device), attention_mask.to(device), packed=use_packing)
+    per_token = model(input_ids, attention_mask, packed=use_packing)
     # Column t is read at the token before response token t (see the module docstring).
     values = per_token[:, -response_len - 1 : -1]
     return torch.where(response_mask.bool(), values, 0.0)
@@ -160,7 +156,7 @@ class CriticWorker(Worker):
     def __init__(self, config: CriticConfig) -> None:
         super().__init__()
         self.config = config
-        self.mesh = init_device_mesh(default_device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         self.update_steps = 0
 
     @register(dispatch="one_to_all")
@@ -169,7 +165,9 @@ class CriticWorker(Worker):
         start = time.perf_counter()
         model_config = self.config.model
         model = load_value_model(model_config.path, getattr(torch, model_config.dtype), self.config.seed)
-        self.model = shard_head_model(model.to(self.device), self.mesh, model_config, trainable=True)
+        self.model = shard_head_model(
+            model.to(self.device), self.mesh, model_config, trainable=True, plan=self.device_plan
+        )
         self.optimizer = build_optimizer(self.model, self.config.optim)
         self.scheduler = build_lr_scheduler(self.optimizer, self.config.optim)
         return {"init/critic_load_s": time.perf_counter() - start}
@@ -177,6 +175,7 @@ class CriticWorker(Worker):
     # ------------------------------------------------------------------ values
 
     @register(dispatch=DataParallel())
+    @on_worker_device
     def compute_values(self, batch: Batch) -> Batch:
         """``values [batch, response_len]`` (unit of the returns) under the current critic, no grad.
 
@@ -189,7 +188,7 @@ class CriticWorker(Worker):
         )
         with torch.no_grad():
             values = torch.cat(
-                [response_values(self.model, p, config.use_packing, self.device) for p in parts]
+                [response_values(self.model, p, config.use_packing) for p in parts]
             )
         reshard_all(self.model)
         return Batch({"values": values[restore.to(values.device)].cpu()})
@@ -197,6 +196,7 @@ class CriticWorker(Worker):
     # ------------------------------------------------------------------ training
 
     @register(dispatch=DataParallel(allow_padding=False))
+    @on_worker_device
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Regress the values on ``returns``: ``epochs`` passes of mini-batches, each an optimizer step.
 
@@ -230,12 +230,12 @@ class CriticWorker(Worker):
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
         for part in parts:
-            values = response_values(self.model, part, config.use_packing, self.device)
-            part_mask = part["response_mask"].to(self.device)
+            values = response_values(self.model, part, config.use_packing)
+            part_mask = part["response_mask"]
             loss, raw = clipped_value_loss(
                 values,
-                part["values"].to(self.device, values.dtype),
-                part["returns"].to(self.device, values.dtype),
+                part["values"].to(values.dtype),
+                part["returns"].to(values.dtype),
                 part_mask,
                 cliprange_value=config.cliprange_value,
                 # The function, not the name: a recipe may have registered it in the controller only.

@@ -30,7 +30,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreT
 from hybridflow.algos import last_valid_token_mask, masked_sum
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.data.chat import render_plain
-from hybridflow.parallel import default_device_type, reshard_all
+from hybridflow.parallel import on_worker_device, reshard_all
 from hybridflow.protocol import Batch
 from workers.config import RewardModelConfig
 from workers.critic import TokenHeadModel, shard_head_model
@@ -50,14 +50,13 @@ def load_score_model(path: str, dtype: torch.dtype = torch.float32) -> TokenHead
     return TokenHeadModel(classifier.base_model, head)
 
 
-def sequence_scores(model: nn.Module, batch: Batch, use_packing: bool, device: torch.device) -> torch.Tensor:
+def sequence_scores(model: nn.Module, batch: Batch, use_packing: bool) -> torch.Tensor:
     """The head's output at the last valid token of prompt + response: ``[batch]`` fp32.
 
-    Reads ``input_ids``/``attention_mask`` and ``responses``/``response_mask``.
+    Reads ``input_ids``/``attention_mask`` and ``responses``/``response_mask``, on the model's device.
     """
     input_ids, attention_mask = sequence_inputs(batch)
-    attention_mask = attention_mask.to(device)
-    per_token = model(input_ids.to(device), attention_mask, packed=use_packing)
+    per_token = model(input_ids, attention_mask, packed=use_packing)
     return masked_sum(per_token, last_valid_token_mask(attention_mask), dim=-1)
 
 
@@ -91,7 +90,7 @@ class RewardModelWorker(Worker):
     def __init__(self, config: RewardModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.mesh = init_device_mesh(default_device_type(), (self.world_size,), mesh_dim_names=("fsdp",))
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
     @register(dispatch="one_to_all")
@@ -100,13 +99,16 @@ class RewardModelWorker(Worker):
         start = time.perf_counter()
         model_config = self.config.model
         model = load_score_model(model_config.path, getattr(torch, model_config.dtype))
-        self.model = shard_head_model(model.to(self.device), self.mesh, model_config, trainable=False)
+        self.model = shard_head_model(
+            model.to(self.device), self.mesh, model_config, trainable=False, plan=self.device_plan
+        )
         self.model.eval()
         if self.config.tokenizer_path is not None:
             self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path, local_files_only=True)
         return {"init/reward_model_load_s": time.perf_counter() - start}
 
     @register(dispatch=DataParallel())
+    @on_worker_device
     def compute_rm_score(self, batch: Batch) -> Batch:
         """Score each prompt + response.
 
@@ -118,14 +120,13 @@ class RewardModelWorker(Worker):
         0 for an empty response: the score has no token to sit on).
         """
         config = self.config
-        sequences = self._sequences(batch)
+        # Re-tokenised rows are built on the host; they go where the incoming batch was placed.
+        sequences = self._sequences(batch).to(self.device)
         parts, restore = micro_batches(sequences, config.micro_batch_size, config.max_tokens_per_micro_batch)
         with torch.no_grad():
-            scores = torch.cat(
-                [sequence_scores(self.model, p, config.use_packing, self.device) for p in parts]
-            )
+            scores = torch.cat([sequence_scores(self.model, p, config.use_packing) for p in parts])
         reshard_all(self.model)
-        scores = scores[restore.to(scores.device)].cpu()
+        scores = scores[restore.to(scores.device)]
         last = last_valid_token_mask(batch["response_mask"])
         return Batch(
             {"rm_scores": scores, "token_level_rm_scores": last.to(scores.dtype) * scores.unsqueeze(-1)}

@@ -15,7 +15,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hybridflow.parallel import agree_micro_batch_count, iter_full_state, plan_micro_batches
+from hybridflow.parallel import (
+    agree_micro_batch_count,
+    iter_full_state,
+    plan_micro_batches,
+    process_group_device_plan,
+)
 from hybridflow.protocol import Batch
 from workers.config import OptimConfig
 
@@ -70,10 +75,9 @@ def micro_batches(
 
 
 def _all_reduce(value: float | torch.Tensor, op: dist.ReduceOp.RedOpType) -> float:
-    tensor = torch.as_tensor(value, dtype=torch.float64).reshape(1)
+    device = process_group_device_plan().device
+    tensor = torch.as_tensor(value, dtype=torch.float64, device=device).reshape(1)
     if dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            tensor = tensor.cuda()
         dist.all_reduce(tensor, op=op)
     return float(tensor.item())
 

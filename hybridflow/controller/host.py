@@ -43,21 +43,19 @@ class WorkerHost:
 
     def init_distributed(self, master_addr: str, master_port: int, timeout_s: float) -> int:
         """Install the worker context and join the group's process group (collective)."""
-        backend = "nccl" if self.use_gpu else "gloo"
         context = WorkerContext(
             rank=self.rank,
             world_size=self.world_size,
             local_rank=self.local_rank,
             master_addr=master_addr,
             master_port=master_port,
-            backend=backend,
             use_gpu=self.use_gpu,
         )
         install_context(context)
         if self.use_gpu:
             torch.cuda.set_device(context.device)
         dist.init_process_group(
-            backend=backend,
+            backend=context.backend,
             init_method=f"tcp://{master_addr}:{master_port}",
             rank=self.rank,
             world_size=self.world_size,

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from hybridflow.parallel.device import DevicePlan
 
 __all__ = ["MeshInfo", "Worker", "WorkerContext", "current_context", "install_context"]
 
@@ -33,8 +37,8 @@ class WorkerContext:
         local_rank: index of this process among the group's processes on its node.
         master_addr: rendezvous host of the group's process group (rank 0's node).
         master_port: rendezvous port.
-        backend: ``"gloo"`` on CPU, ``"nccl"`` on GPU.
-        use_gpu: whether this process owns a GPU slot.
+        use_gpu: whether this process owns a GPU slot; its `DevicePlan` (device, process-group
+            backend, default dtype, attention) follows this, not what the machine has.
     """
 
     rank: int
@@ -42,17 +46,28 @@ class WorkerContext:
     local_rank: int
     master_addr: str
     master_port: int
-    backend: str
     use_gpu: bool
 
     @property
+    def device_plan(self) -> DevicePlan:
+        """Where this process computes (device, backend, default dtype, attention), from ``use_gpu``."""
+        # Imported here: hybridflow.parallel loads transformers, which the controller process does not need.
+        from hybridflow.parallel.device import local_device_plan
+
+        return local_device_plan(self.use_gpu)
+
+    @property
     def device(self) -> torch.device:
-        # Ray exposes exactly the GPUs of the actor's bundle, so the process's device is index 0.
-        return torch.device("cuda", 0) if self.use_gpu else torch.device("cpu")
+        return self.device_plan.device
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend: ``"gloo"`` on CPU, ``"nccl"`` on GPU."""
+        return self.device_plan.backend
 
 
 _SINGLE_PROCESS = WorkerContext(
-    rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, backend="gloo", use_gpu=False
+    rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0, use_gpu=False
 )
 _context: WorkerContext | None = None
 
@@ -133,6 +148,10 @@ class Worker:
     @property
     def device(self) -> torch.device:
         return self.context.device
+
+    @property
+    def device_plan(self) -> DevicePlan:
+        return self.context.device_plan
 
     def register_mesh(self, name: str, dp_rank: int, dp_size: int, is_collector: bool) -> None:
         """Publish this rank's place in the data-parallel mesh ``name``."""

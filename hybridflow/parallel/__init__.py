@@ -1,6 +1,16 @@
 """Process groups and device meshes, FSDP2 wrapping, CPU offload, weight streaming, sequence packing."""
 
 from hybridflow.parallel.checkpointing import apply_activation_checkpointing
+from hybridflow.parallel.device import (
+    FLASH_ATTENTION,
+    DevicePlan,
+    choose_attn_implementation,
+    local_device_plan,
+    on_worker_device,
+    places_batches_on_device,
+    plan_devices,
+    process_group_device_plan,
+)
 from hybridflow.parallel.fsdp import default_mixed_precision, find_decoder_layers, reshard_all, shard_model
 from hybridflow.parallel.launch import run_ranks
 from hybridflow.parallel.logprobs import token_log_probs
@@ -9,7 +19,6 @@ from hybridflow.parallel.mesh import (
     ParallelMeshes,
     build_meshes,
     data_parallel_size,
-    default_device_type,
     dp_rank_info,
     mesh_dp_rank_info,
 )
@@ -32,13 +41,14 @@ from hybridflow.parallel.packing import PackedSequences, pack_sequences, positio
 from hybridflow.parallel.varlen_attention import (
     VARLEN_SDPA,
     sequence_runs,
-    training_attn_implementation,
     varlen_sdpa_attention,
 )
 from hybridflow.parallel.weights import hf_param_name, iter_buckets, iter_full_state
 
 __all__ = [
+    "FLASH_ATTENTION",
     "VARLEN_SDPA",
+    "DevicePlan",
     "DpRankInfo",
     "MicroBatchPlan",
     "PackedSequences",
@@ -48,8 +58,8 @@ __all__ = [
     "agree_micro_batch_count",
     "apply_activation_checkpointing",
     "build_meshes",
+    "choose_attn_implementation",
     "data_parallel_size",
-    "default_device_type",
     "default_mixed_precision",
     "dp_rank_info",
     "find_decoder_layers",
@@ -59,21 +69,25 @@ __all__ = [
     "iter_full_state",
     "load_fsdp_params",
     "load_optimizer_state",
+    "local_device_plan",
     "mesh_dp_rank_info",
     "offload_fsdp_params",
     "offload_optimizer_state",
+    "on_worker_device",
     "pack_sequences",
     "packed_log_probs",
     "packing_kwargs",
     "padded_log_probs",
+    "places_batches_on_device",
+    "plan_devices",
     "plan_micro_batches",
     "position_ids_from_mask",
+    "process_group_device_plan",
     "reshard_all",
     "run_ranks",
     "sequence_runs",
     "shard_model",
     "token_log_probs",
-    "training_attn_implementation",
     "unpack_tokens",
     "varlen_sdpa_attention",
 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from hybridflow.parallel.checkpointing import apply_activation_checkpointing
+from hybridflow.parallel.device import local_device_plan
 
 
 def find_decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -29,23 +29,14 @@ def find_decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def _cpu_has_native_bf16() -> bool:
-    # Private torch probes, read defensively: a torch without them is treated as lacking bf16 units.
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
 def default_mixed_precision(device_type: str) -> MixedPrecisionPolicy:
-    """The mixed-precision policy used when none is given (measurements in docs/parallel.md).
+    """The mixed-precision policy used when none is given: the `DevicePlan` default of a worker
+    computing on ``device_type``.
 
-    bf16 compute with fp32 gradient reduction on CUDA and on CPUs with bf16 matrix units (AMX or
-    AVX512-BF16), where a training step measured 1.5-2.5x faster than fp32 at a cost of ~3e-3 nats mean
-    log-prob error and ~1% relative gradient error. fp32 elsewhere, where bf16 brings no speed. Pass
-    ``MixedPrecisionPolicy()`` to force fp32 (exact comparisons, tests).
+    bf16 compute with fp32 gradient reduction on CUDA; fp32 on CPU (bf16 there is opt-in through
+    ``param_dtype``, measurements in docs/parallel.md).
     """
-    if device_type == "cuda" or (device_type == "cpu" and _cpu_has_native_bf16()):
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+    return local_device_plan(device_type == "cuda").mixed_precision(None)
 
 
 def shard_model(

@@ -1,8 +1,9 @@
-"""`run_ranks`: run a function on the ranks of a fresh local gloo group and collect each rank's result.
+"""`run_ranks`: run a function on the ranks of a fresh local process group and collect each rank's result.
 
 For single-machine SPMD jobs without Ray (tests, benchmarks): each rank is a spawned process that
-joins a gloo group over 127.0.0.1 before calling the function. The group is never destroyed in the
-ranks, because a vLLM engine built inside it must live until its process ends.
+joins a group over 127.0.0.1 before calling the function, with the backend of its `DevicePlan` (gloo
+for CPU ranks, nccl for GPU ranks, each of which then sees only its own GPU, as device 0). The group
+is never destroyed in the ranks, because a vLLM engine built inside it must live until its process ends.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from typing import Any
 
 __all__ = ["run_ranks"]
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from hybridflow.parallel.device import local_device_plan
 
 
 def _free_port() -> int:
@@ -25,12 +29,36 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _visible_gpus(world_size: int) -> list[str]:
+    """The GPU id each rank is given, from this process's visible GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    else:
+        ids = [i for i in visible.split(",") if i]
+    if len(ids) < world_size:
+        raise ValueError(f"run_ranks(use_gpu=True) needs {world_size} GPUs, this process sees {len(ids)}")
+    return ids[:world_size]
+
+
 def _rank_main(
-    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any
+    rank: int,
+    world_size: int,
+    port: int,
+    gpu: str | None,
+    fn: Callable[..., Any],
+    args: tuple,
+    queue: Any,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    if gpu is not None:
+        # Before CUDA initialises in this process: the rank's GPU becomes its device 0, as under Ray.
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        plan = local_device_plan(gpu is not None)
+        if plan.device.type == "cuda":
+            torch.cuda.set_device(plan.device)
+        dist.init_process_group(plan.backend, rank=rank, world_size=world_size)
         queue.put((rank, "ok", fn(rank, world_size, *args)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
@@ -42,18 +70,25 @@ def _rank_main(
     os._exit(0)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 300) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, use_gpu: bool = False, timeout_s: float = 300
+) -> list[Any]:
     """``[fn(rank, world_size, *args) for each rank]``, each rank in its own spawned process.
 
-    ``fn`` runs inside an initialised gloo group and returns something picklable. A rank that raises
-    fails the call with that rank's traceback; processes still running after ``timeout_s`` are killed.
-    The group is not destroyed: a vLLM engine inside it must live until the process ends.
+    ``fn`` runs inside an initialised process group and returns something picklable: gloo on CPU
+    ranks; with ``use_gpu`` nccl, rank ``r`` owning this process's ``r``-th visible GPU (as its
+    ``cuda:0``). A rank that raises fails the call with that rank's traceback; processes still running
+    after ``timeout_s`` are killed. The group is not destroyed: a vLLM engine inside it must live until
+    the process ends.
     """
+    gpus: list[str | None] = list(_visible_gpus(world_size)) if use_gpu else [None] * world_size
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
     processes = [
-        context.Process(target=_rank_main, args=(rank, world_size, port, fn, args, queue), daemon=True)
+        context.Process(
+            target=_rank_main, args=(rank, world_size, port, gpus[rank], fn, args, queue), daemon=True
+        )
         for rank in range(world_size)
     ]
     for process in processes:

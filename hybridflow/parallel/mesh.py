@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hybridflow.parallel.device import process_group_device_plan
 
 TRAIN_DIM = "fsdp"
 DP_DIM = "dp"
 TP_DIM = "tp"
-
-
-def default_device_type() -> str:
-    """``"cuda"`` where a GPU is visible, else ``"cpu"`` (gloo)."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def data_parallel_size(world_size: int, tp_size: int) -> int:
@@ -88,11 +84,13 @@ class ParallelMeshes:
 def build_meshes(world_size: int, tp_size: int, device_type: str | None = None) -> ParallelMeshes:
     """Build both meshes over the default process group; a collective: every rank must call it.
 
-    ``device_type`` defaults to :func:`default_device_type`. The sizes are checked before any process
-    group is created, so a bad ``tp_size`` fails the same way on every rank without hanging.
+    ``device_type`` is the worker's (``DevicePlan.device_type``); by default the one its process group
+    was built for (`process_group_device_plan`: ``cuda`` under nccl, ``cpu`` under gloo), never what
+    the machine happens to have. The sizes are checked before any mesh is created, so a bad
+    ``tp_size`` fails the same way on every rank without hanging.
     """
     dp_size = data_parallel_size(world_size, tp_size)
-    device_type = device_type or default_device_type()
+    device_type = device_type or process_group_device_plan().device_type
     train = init_device_mesh(device_type, (world_size,), mesh_dim_names=(TRAIN_DIM,))
     infer = init_device_mesh(device_type, (dp_size, tp_size), mesh_dim_names=(DP_DIM, TP_DIM))
     return ParallelMeshes(train=train, infer=infer)

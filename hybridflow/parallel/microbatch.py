@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hybridflow.parallel.device import process_group_device_plan
+
 
 @dataclass(frozen=True)
 class MicroBatchPlan:
@@ -82,7 +84,6 @@ def agree_micro_batch_count(count: int, group: dist.ProcessGroup | None = None) 
     FSDP2 all-gathers in every forward, so all ranks of the mesh must run the same number of
     micro-batches; each rank plans with ``min_micro_batches`` set to this value.
     """
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    value = torch.tensor([count], dtype=torch.long, device=device)
+    value = torch.tensor([count], dtype=torch.long, device=process_group_device_plan(group).device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return int(value.item())

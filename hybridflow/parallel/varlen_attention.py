@@ -107,13 +107,3 @@ AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
 # Padded calls need the same masks as sdpa.
 AttentionMaskInterface.register(VARLEN_SDPA, sdpa_mask)
 
-
-def training_attn_implementation(device_type: str) -> str:
-    """The attention to train with packed sequences: flash-attn varlen on CUDA when installed, else ours."""
-    if device_type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-        except ImportError:
-            return VARLEN_SDPA
-        return "flash_attention_2"
-    return VARLEN_SDPA

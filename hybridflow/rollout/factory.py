@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from hybridflow.models.io import load_causal_lm, read_special_token_ids
+from hybridflow.parallel.device import process_group_device_plan
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.hf_engine import HFRolloutEngine
@@ -24,6 +25,7 @@ def build_rollout_engine(
     model: PreTrainedModel | None = None,
     eos_token_ids: Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    device: torch.device | str | None = None,
 ) -> RolloutEngine:
     """Build the engine ``config.name`` names, on the weights in the HF directory ``model_path``.
 
@@ -33,6 +35,9 @@ def build_rollout_engine(
         model: for ``"hf"`` only: use this model in place instead of loading ``model_path``.
         eos_token_ids, pad_token_id: override the ids read from ``model_path``
             (``read_special_token_ids``).
+        device: for ``"hf"`` only: where the model generates; by default this process's device
+            (`hybridflow.parallel.process_group_device_plan`: ``cuda:0`` in a GPU worker's nccl group,
+            else ``cpu``). The model is moved there, a given ``model`` included.
 
     The ``"vllm"`` engine needs an initialised torch.distributed process group and must be built
     on every rank at once (see ``VLLMRolloutEngine``); vLLM is imported only for it.
@@ -50,6 +55,7 @@ def build_rollout_engine(
         )
     if model is None:
         model = load_causal_lm(model_path, getattr(torch, config.dtype))
+    model = model.to(device if device is not None else process_group_device_plan().device)
     return HFRolloutEngine(
         model, eos, pad, seed=config.seed + data_parallel_rank(1), max_batch_rows=config.hf_max_batch_rows
     )

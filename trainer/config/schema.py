@@ -151,7 +151,8 @@ class OptimizedRoleConfig:
     one optimizer step; ``ppo_micro_batch_size`` rows on one rank make one forward/backward. With
     ``dynamic_batching`` the micro-batches are instead packed up to ``max_tokens_per_micro_batch``
     tokens per rank. ``forward_micro_batch_size`` is the per-rank row count of no-grad forwards
-    (log-probs, values). ``grad_clip`` null disables clipping.
+    (log-probs, values). ``grad_clip`` null disables clipping. ``param_dtype`` null is the device's
+    default compute dtype (bf16 on GPU, fp32 on CPU; `hybridflow.parallel.DevicePlan`).
     """
 
     lr: float = _field(1e-6, gt=0)
@@ -168,7 +169,7 @@ class OptimizedRoleConfig:
     forward_micro_batch_size: int = _field(8, ge=1)
     ppo_epochs: int = _field(1, ge=1)
     shuffle: bool = True
-    param_dtype: Dtype = "float32"
+    param_dtype: Dtype | None = None
     reduce_dtype: Dtype = "float32"
     activation_checkpointing: bool = False
     param_offload: bool = False
@@ -264,7 +265,7 @@ class RewardModelConfig:
     model is FSDP2-sharded over the ranks of its pool (``resource.placement.reward_model``, default the
     global pool, colocated with the actor); it runs forwards only, ``forward_micro_batch_size`` rows per
     rank, or ``max_tokens_per_micro_batch`` tokens with ``dynamic_batching``. ``param_dtype`` is the
-    compute dtype; the weights load in ``model.dtype``.
+    compute dtype (null: bf16 on GPU, fp32 on CPU); the weights load in ``model.dtype``.
     """
 
     path: str | None = None
@@ -273,7 +274,7 @@ class RewardModelConfig:
     forward_micro_batch_size: int = _field(8, ge=1)
     dynamic_batching: bool = False
     max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    param_dtype: Dtype = "float32"
+    param_dtype: Dtype | None = None
 
 
 @dataclass(frozen=True)
