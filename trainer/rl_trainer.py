@@ -1,68 +1,74 @@
-"""`RLTrainer`: PPO and GRPO as one dataflow program over the worker groups.
+"""`RLTrainer`: the runtime an RL algorithm runs on, and `fit` over any step function.
 
-One step, in the order the data flows (the controller only moves Batches; weights stay on workers)::
+The runtime builds and owns what every algorithm needs: the tokenizer and prompt data, the worker groups
+(actor + rollout + reference, critic, reward model), the reward manager, the loggers, checkpoints and
+validation. The algorithm itself is a step function (`trainer.fit.StepFn`) built from the named steps of
+`trainer.steps`; `RLTrainer.fit(step_fn)` runs it under `trainer.fit.fit`, which owns resume,
+validation, logging, checkpoints and the rollout-vs-trainer sync check. Without a step function, `fit`
+runs the config's PPO/GRPO step (`trainer.algorithms.rl_step`)::
 
-    prompts   = next(data)                                   # [B] prompts
-    rollouts  = actor.generate_sequences(prompts, sampling)  # [B*n] rows, inference layout
-    rollouts |= reward(rollouts)                             # scores, on the controller's pool,
-                                                             # + weight * reward-model scores if set
-    rollouts |= actor.compute_log_prob(rollouts)             # old_log_probs, training layout;
-                                                             # skipped when the update is one
-                                                             # on-policy optimizer step
-    rollouts |= ref.compute_ref_log_prob(rollouts)           # if a KL term is used
-    rollouts |= critic.compute_values(rollouts)              # PPO only
-    rollouts |= kl_in_reward(rollouts) ; advantages(...)     # pure functions, on the controller
-    critic.update_critic(rollouts)                           # PPO only
-    actor.update_actor(rollouts)
-
-A recipe can drive the same pieces itself; `RLTrainer.train_step` is this loop's body.
+    with start_ray(config), RLTrainer(config) as trainer:
+        trainer.fit(my_step)          # or trainer.fit() for the configured PPO/GRPO
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from hybridflow.algos import build_kl_controller
 from hybridflow.checkpoint import Checkpoint, CheckpointStore, training_state_bytes
-from hybridflow.controller import RayWorkerGroup
+from hybridflow.controller import RayWorkerGroup, Worker
 from hybridflow.data import PromptDataset, PromptLoader
-from hybridflow.metrics import PhaseTimer, create_logger, step_metrics, throughput_metrics
+from hybridflow.metrics import PhaseTimer, create_logger
+from hybridflow.metrics.monitor import TrainingMonitor
 from hybridflow.protocol import Batch
 from hybridflow.rewards import RewardManager
 from hybridflow.rollout.sampling import SamplingParams
+from trainer.algorithms import rl_step
 from trainer.config import RunConfig, config_to_dict, derive_sizes
+from trainer.fit import StepFn, fit
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, build_worker_groups, reward_settings
-from trainer.steps import add_group_ids, compute_advantages, decode_responses, kl_in_reward
+from trainer.steps import decode_responses
+from workers.actor import MODEL_INPUTS
 
 __all__ = ["RLTrainer"]
 
 log = logging.getLogger(__name__)
 
-_TRAINING_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
 class RLTrainer:
-    """Runs a PPO/GRPO config: builds the data, the worker groups and the reward manager, then
-    loops `train_step`, validating, logging and checkpointing as configured.
+    """The runtime of a run: builds the data, the worker groups, the reward manager and the loggers from
+    ``config``; `fit` runs a step function over them.
+
+    Args:
+        config: the validated run config.
+        worker_classes: a recipe's own worker class for a role, by role name (``actor_rollout``,
+            ``critic``, ``reward_model``): a subclass of the shipped class (`ActorRolloutRefWorker`,
+            `CriticWorker`, `RewardModelWorker`), built with the same arguments, whose new
+            ``@register``'ed methods the step function can call on ``trainer.actor`` (or
+            ``trainer.critic``, ``trainer.reward_model``).
+
+    Attributes:
+        actor, critic, reward_model: the worker groups (``critic`` and ``reward_model`` may be None).
+        step: the last step started (0 before training; a resumed run starts at its checkpoint's).
+        timer: times the phases of the current step.
+        monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
+            learning (`hybridflow.metrics.monitor`).
+        step_metrics: what the current step has recorded so far (`record`).
 
     Use as a context manager (or call `close`) so worker processes and reward workers stop.
     """
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, worker_classes: Mapping[str, type[Worker]] | None = None) -> None:
         self.config = config
         self.sizes = derive_sizes(config)
-        # With one optimizer step per batch the update's own forward gives the old log-probs (see
-        # `ActorRolloutRefWorker.update_actor`); a KL penalty in the reward needs them earlier.
-        self.recompute_old_log_probs = (
-            self.sizes.actor.optimizer_steps_per_step > 1 or config.algorithm.use_kl_in_reward
-        )
         self.output_dir = Path(config.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = prepare_model_dir(config, self.output_dir)
@@ -92,7 +98,9 @@ class RLTrainer:
             else None
         )
         self.timer = PhaseTimer()
+        self.monitor = TrainingMonitor(config.monitor)
         self.step = 0
+        self.step_metrics: dict[str, float] = {}
         # From here on everything built holds processes, placement groups or open files. Each is
         # registered for `close` as soon as it exists: if a later part fails, the `with` block stops
         # what was built (in reverse order) before the error propagates, so a failed construction
@@ -106,7 +114,7 @@ class RLTrainer:
             for pool in self.pools.values():
                 resources.callback(pool.release)
             self.groups = build_worker_groups(
-                config, self.sizes, self.total_steps, self.model_dir, self.pools
+                config, self.sizes, self.total_steps, self.model_dir, self.pools, worker_classes or {}
             )
             resources.callback(self._stop_workers)
             self.actor: RayWorkerGroup = self.groups["actor_rollout"]
@@ -127,88 +135,19 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self) -> dict[str, float]:
-        """Train to ``total_steps``; returns the last validation metrics (empty without validation)."""
-        self._maybe_resume()
-        trainer = self.config.trainer
-        last_val: dict[str, float] = {}
-        if self.val_data is not None and trainer.val_before_train and self.step == 0:
-            last_val = self.validate()
-            self.logger.log(last_val, 0)
-        while self.step < self.total_steps:
-            self.step += 1
-            metrics = self.train_step(next(self._prompts))
-            if (
-                self.val_data is not None
-                and trainer.val_every
-                and (self.step % trainer.val_every == 0 or self.step == self.total_steps)
-            ):
-                last_val = self.validate()
-                metrics.update(last_val)
-            self.logger.log(metrics, self.step)
-            if trainer.save_every and (self.step % trainer.save_every == 0 or self.step == self.total_steps):
-                self.save_checkpoint()
-        return last_val
+    def fit(self, step_fn: StepFn | None = None) -> dict[str, float]:
+        """Train to ``total_steps`` with ``step_fn`` (default: the config's PPO/GRPO step); returns the
+        last validation metrics (empty without validation). See `trainer.fit.fit`."""
+        return fit(self, step_fn or rl_step)
 
-    def train_step(self, prompts: Batch) -> dict[str, float]:
-        """One step of the algorithm on ``prompts``; returns the step's metrics."""
-        config = self.config
-        timer = self.timer
-        with timer.step():
-            with timer.phase("generation"):
-                rollouts = self.actor.generate_sequences(prompts, self._sampling())
-            rollout_metrics = rollouts.meta.pop("rollout_metrics")
-            rollouts = (
-                rollouts
-                | add_group_ids(rollouts, config.rollout.n)
-                | decode_responses(rollouts, self.tokenizer)
-            )
-            with timer.phase("reward"):
-                scored, reward_metrics = self.score(rollouts)
-            rollouts = rollouts | scored
-            if self.recompute_old_log_probs:
-                with timer.phase("log_prob"):
-                    rollouts = rollouts | self.actor.compute_log_prob(rollouts.select(*_TRAINING_COLUMNS))
-            if config.needs_reference:
-                with timer.phase("ref"):
-                    rollouts = rollouts | self.actor.compute_ref_log_prob(rollouts.select(*_TRAINING_COLUMNS))
-            if self.critic is not None:
-                with timer.phase("values"):
-                    rollouts = rollouts | self.critic.compute_values(rollouts.select(*_TRAINING_COLUMNS))
-            kl_metrics = {}
-            with timer.phase("advantage"):
-                if self.kl_ctrl is not None:
-                    rewards, mean_kl = kl_in_reward(rollouts, config.algorithm.kl_penalty, self.kl_ctrl.value)
-                    rollouts = rollouts | rewards
-                    kl_metrics = {"kl/in_reward": mean_kl, "kl/coef": self.kl_ctrl.value}
-                    self.kl_ctrl.update(mean_kl, len(rollouts))
-                rollouts = rollouts | compute_advantages(rollouts, config.algorithm)
-            critic_metrics = {}
-            if self.critic is not None:
-                with timer.phase("critic_update"):
-                    columns = [*_TRAINING_COLUMNS, "values", "returns"]
-                    critic_metrics = self.critic.update_critic(rollouts.select(*columns))[0]
-            with timer.phase("update"):
-                columns = [*_TRAINING_COLUMNS, "advantages"]
-                if self.recompute_old_log_probs:
-                    columns.append("old_log_probs")
-                elif "rollout_log_probs" in rollouts:
-                    columns.append("rollout_log_probs")  # the update measures the sync gap itself
-                if config.actor.use_kl_loss:
-                    columns.append("ref_log_probs")
-                actor_metrics = self.actor.update_actor(rollouts.select(*columns))[0]
-        metrics = {
-            **step_metrics(rollouts),
-            **actor_metrics,
-            **critic_metrics,
-            **kl_metrics,
-            **rollout_metrics,
-            **reward_metrics,
-            **timer.metrics(),
-            **self._throughput(rollouts),
-        }
-        self._check_sync(metrics)
-        return metrics
+    def next_prompts(self) -> Batch:
+        """The next ``data.train_batch_size`` prompts, epoch after epoch; the data position is saved with
+        every checkpoint. A step that needs more prompts than its own (dynamic sampling) calls this."""
+        return next(self._prompts)
+
+    def record(self, metrics: Mapping[str, float]) -> None:
+        """Add ``metrics`` to the current step's metrics (a later value of a key replaces an earlier)."""
+        self.step_metrics.update(metrics)
 
     # ------------------------------------------------------------------ scoring
 
@@ -228,7 +167,7 @@ class RLTrainer:
             return rule, metrics
         settings = self.config.reward_model
         assert settings is not None
-        columns = [*_TRAINING_COLUMNS, *(("raw_prompt", "response_text") if settings.tokenizer else ())]
+        columns = [*MODEL_INPUTS, *(("raw_prompt", "response_text") if settings.tokenizer else ())]
         started = time.perf_counter()
         model = self.reward_model.compute_rm_score(rollouts.select(*columns, meta=False))
         rm_scores = model["rm_scores"].float()
@@ -352,37 +291,6 @@ class RLTrainer:
     def _prompt_stream(self) -> Iterator[Batch]:
         while True:
             yield from self.loader
-
-    def _sampling(self) -> SamplingParams:
-        rollout = self.config.rollout
-        # A seed per step makes a resumed run sample what the uninterrupted run sampled.
-        return SamplingParams(
-            n=rollout.n,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_new_tokens=self.config.data.max_response_length,
-            seed=(rollout.seed + self.step) % 2**31,
-        )
-
-    def _throughput(self, rollouts: Batch) -> dict[str, float]:
-        response_tokens = int(rollouts["response_mask"].sum())
-        return throughput_metrics(
-            total_tokens=int(rollouts["attention_mask"].sum()) + response_tokens,
-            response_tokens=response_tokens,
-            step_seconds=self.timer.step_seconds or 0.0,
-            generation_seconds=self.timer.seconds.get("generation"),
-            world_size=self.sizes.world_size,
-        )
-
-    def _check_sync(self, metrics: dict[str, Any]) -> None:
-        limit = self.config.resharding.max_log_prob_gap
-        gap = metrics.get("sync/log_prob_abs_diff_max", 0.0)
-        if limit is not None and not (gap <= limit and math.isfinite(gap)):
-            raise RuntimeError(
-                f"step {self.step}: rollout-vs-trainer log-prob gap {gap:.3g} exceeds "
-                f"resharding.max_log_prob_gap={limit}; the engine's weights are out of sync"
-            )
 
     def _stop_workers(self) -> None:
         # Colocated roles share their processes: stop each set of processes once.

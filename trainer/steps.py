@@ -1,15 +1,58 @@
-"""Controller-side steps of the RL loop: pure functions of a Batch (no weights, no workers)."""
+"""The named steps an RL algorithm is built from, and the pure controller functions they use.
+
+A step function (see `trainer.fit`) is a short program over these::
+
+    def grpo_step(trainer, prompts):
+        rollouts = generate(trainer, prompts)                # G samples per prompt, inference layout
+        rollouts |= score(trainer, rollouts)                 # reward functions (+ reward model)
+        rollouts |= advantages(trainer, rollouts)            # group-relative, on the controller
+        update_actor(trainer, rollouts)                      # clipped surrogate, training layout
+        return rollouts
+
+Each step that runs on the workers times itself as a phase of the step (``timing_s/<phase>``) and records
+its metrics with ``trainer.record``; `trainer.fit.fit` puts them in the step's metrics. Every step
+declares the columns it reads and writes (`hybridflow.contract`): a missing column fails with the step's
+name and the column's.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algos import apply_kl_penalty, compute_advantage, compute_kl, masked_mean
+from hybridflow.contract import step_columns
+from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
+from hybridflow.rollout.sampling import SamplingParams
 from trainer.config import AlgorithmConfig
+from workers.actor import MODEL_INPUTS
+from workers.objective import ActorLoss, PolicyObjective
 
-__all__ = ["add_group_ids", "compute_advantages", "decode_responses", "kl_in_reward"]
+if TYPE_CHECKING:
+    from trainer.rl_trainer import RLTrainer
+
+__all__ = [
+    "MODEL_INPUTS",
+    "PROMPT_COLUMNS",
+    "add_group_ids",
+    "advantages",
+    "compute_advantages",
+    "concat_rollouts",
+    "decode_responses",
+    "generate",
+    "kl_in_reward",
+    "old_log_probs",
+    "ref_log_probs",
+    "score",
+    "update_actor",
+    "update_critic",
+    "values",
+]
+
+# ---------------------------------------------------------------------------- pure controller functions
 
 
 def decode_responses(rollouts: Batch, tokenizer: PreTrainedTokenizerBase) -> Batch:
@@ -25,6 +68,7 @@ def add_group_ids(rollouts: Batch, samples_per_prompt: int) -> Batch:
     return Batch({"group_ids": torch.arange(len(rollouts)) // samples_per_prompt})
 
 
+@step_columns(reads=("old_log_probs", "ref_log_probs", "token_level_scores", "response_mask"))
 def kl_in_reward(rollouts: Batch, estimator: str, coef: float) -> tuple[Batch, float]:
     """Token rewards with a KL-to-reference penalty: ``r_t - coef * kl_t`` (Ziegler et al. 2019).
 
@@ -37,15 +81,174 @@ def kl_in_reward(rollouts: Batch, estimator: str, coef: float) -> tuple[Batch, f
     return Batch({"token_level_rewards": rewards}), masked_mean(kl, mask).item()
 
 
+@step_columns(reads=("response_mask",), writes=("advantages", "returns"))
 def compute_advantages(rollouts: Batch, algorithm: AlgorithmConfig) -> Batch:
     """``advantages`` and ``returns [batch, response_len]`` from the configured estimator.
 
-    Reads ``token_level_rewards`` (falling back to ``token_level_scores``), ``response_mask``,
-    ``group_ids`` and, for GAE, ``values``.
+    Reads ``token_level_rewards`` when present (it carries shaping and an in-reward KL penalty), else
+    ``token_level_scores``; and ``response_mask``, ``group_ids`` and, for GAE, ``values``.
     """
     data = {key: rollouts[key] for key in ("response_mask", "group_ids", "values") if key in rollouts}
-    data["token_level_rewards"] = (
-        rollouts["token_level_rewards"] if "token_level_rewards" in rollouts else rollouts["token_level_scores"]
+    reward_column = "token_level_rewards" if "token_level_rewards" in rollouts else "token_level_scores"
+    if reward_column not in rollouts:
+        raise KeyError(
+            "compute_advantages needs column 'token_level_rewards' or 'token_level_scores'; "
+            f"the batch has: {', '.join(sorted(rollouts.keys()))}"
+        )
+    data["token_level_rewards"] = rollouts[reward_column]
+    advantages_, returns = compute_advantage(data, algorithm.adv_estimator, **algorithm.advantage_params())
+    return Batch({"advantages": advantages_, "returns": returns})
+
+
+PROMPT_COLUMNS = ("input_ids", "attention_mask", "position_ids")
+"""Left-padded prompt columns: their width is the longest prompt of the batch they were collated in."""
+
+
+def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
+    """The rows of ``batches`` in order, as one Batch, with the prompt columns left-padded to the widest.
+
+    Prompts are collated to the longest prompt of their own batch, so rollouts of different generation
+    rounds (dynamic sampling, continuations) differ in prompt width; the response columns share
+    ``max_new_tokens``. ``input_ids`` is padded with ``pad_token_id``, the masks and positions with 0.
+    ``group_ids`` are kept as they are: renumber them if the batches' ids overlap.
+    """
+    width = max(batch[column].shape[1] for batch in batches for column in PROMPT_COLUMNS if column in batch)
+    padded = []
+    for batch in batches:
+        columns = [c for c in PROMPT_COLUMNS if c in batch and batch[c].shape[1] < width]
+        if columns:
+            batch = batch.select(*[k for k in batch.keys() if k not in columns]) | Batch(
+                {
+                    c: torch.nn.functional.pad(
+                        batch[c], (width - batch[c].shape[1], 0), value=pad_token_id if c == "input_ids" else 0
+                    )
+                    for c in columns
+                }
+            )
+        padded.append(batch)
+    return Batch.concat(padded)
+
+
+# ---------------------------------------------------------------------------- steps on the workers
+
+
+def sampling_params(trainer: RLTrainer) -> SamplingParams:
+    """The configured training sampling, seeded per step so a resumed run samples what the uninterrupted
+    run sampled."""
+    rollout = trainer.config.rollout
+    return SamplingParams(
+        n=rollout.n,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=trainer.config.data.max_response_length,
+        seed=(rollout.seed + trainer.step) % 2**31,
     )
-    advantages, returns = compute_advantage(data, algorithm.adv_estimator, **algorithm.advantage_params())
-    return Batch({"advantages": advantages, "returns": returns})
+
+
+@step_columns(
+    reads=("input_ids", "attention_mask"),
+    writes=("responses", "response_mask", "rollout_log_probs", "group_ids", "response_text"),
+)
+def generate(trainer: RLTrainer, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:
+    """Sample ``sampling.n`` responses per prompt (default: the configured sampling of this step) in the
+    inference layout; adds ``group_ids`` (one group per prompt) and the decoded ``response_text``.
+
+    The layout switches' timing and memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
+    """
+    sampling = sampling or sampling_params(trainer)
+    with trainer.timer.phase("generation"):
+        rollouts = trainer.actor.generate_sequences(prompts, sampling)
+    trainer.record(rollouts.meta.pop("rollout_metrics"))
+    return rollouts | add_group_ids(rollouts, sampling.n) | decode_responses(rollouts, trainer.tokenizer)
+
+
+@step_columns(reads=("response_text", "response_mask"), writes=("scores", "token_level_scores"))
+def score(trainer: RLTrainer, rollouts: Batch) -> Batch:
+    """``scores [batch]`` and ``token_level_scores [batch, response_len]`` from the reward functions (and
+    the reward model, when configured); see `RLTrainer.score`."""
+    with trainer.timer.phase("reward"):
+        scored, metrics = trainer.score(rollouts)
+    trainer.record(metrics)
+    return scored
+
+
+@step_columns(reads=MODEL_INPUTS, writes=("old_log_probs",))
+def old_log_probs(
+    trainer: RLTrainer, rollouts: Batch, stats: tuple[str | TokenStatistic, ...] = ("log_prob",)
+) -> Batch:
+    """``old_log_probs [batch, response_len]`` (nats) of the sampled tokens under the current policy, in
+    the training layout, plus a column for every other token statistic in ``stats`` (e.g.
+    ``self_certainty``; `hybridflow.parallel.token_stats`), all from one forward.
+
+    With the engine's ``rollout_log_probs`` in the batch, `trainer.fit` reports their gap to these
+    (``sync/*``) and checks it against ``resharding.max_log_prob_gap``.
+    """
+    with trainer.timer.phase("log_prob"):
+        return trainer.actor.compute_log_prob(
+            rollouts.select(*MODEL_INPUTS, meta=False),
+            temperature=trainer.config.rollout.temperature,
+            stats=resolve_token_statistics(stats),
+        )
+
+
+@step_columns(reads=MODEL_INPUTS, writes=("ref_log_probs",))
+def ref_log_probs(trainer: RLTrainer, rollouts: Batch) -> Batch:
+    """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy."""
+    with trainer.timer.phase("ref"):
+        return trainer.actor.compute_ref_log_prob(
+            rollouts.select(*MODEL_INPUTS, meta=False), temperature=trainer.config.rollout.temperature
+        )
+
+
+@step_columns(reads=MODEL_INPUTS, writes=("values",))
+def values(trainer: RLTrainer, rollouts: Batch) -> Batch:
+    """``values [batch, response_len]``: the critic's value of each response position."""
+    if trainer.critic is None:
+        raise RuntimeError("values: the run has no critic (set the critic section of the config)")
+    with trainer.timer.phase("values"):
+        return trainer.critic.compute_values(rollouts.select(*MODEL_INPUTS, meta=False))
+
+
+@step_columns(reads=("response_mask",), writes=("advantages", "returns"))
+def advantages(trainer: RLTrainer, rollouts: Batch) -> Batch:
+    """``advantages`` and ``returns`` from ``algorithm.adv_estimator``; first, with
+    ``algorithm.use_kl_in_reward``, the KL-penalised ``token_level_rewards`` (and ``kl/*`` metrics)."""
+    algorithm = trainer.config.algorithm
+    with trainer.timer.phase("advantage"):
+        if trainer.kl_ctrl is None:
+            return compute_advantages(rollouts, algorithm)
+        penalised, mean_kl = kl_in_reward(rollouts, algorithm.kl_penalty, trainer.kl_ctrl.value)
+        trainer.record({"kl/in_reward": mean_kl, "kl/coef": trainer.kl_ctrl.value})
+        trainer.kl_ctrl.update(mean_kl, len(rollouts))
+        return penalised | compute_advantages(rollouts | penalised, algorithm)
+
+
+@step_columns(reads=(*MODEL_INPUTS, "values", "returns"))
+def update_critic(trainer: RLTrainer, rollouts: Batch) -> None:
+    """One critic update on the step's ``values`` and ``returns``; records ``critic/*``."""
+    if trainer.critic is None:
+        raise RuntimeError("update_critic: the run has no critic (set the critic section of the config)")
+    with trainer.timer.phase("critic_update"):
+        trainer.record(trainer.critic.update_critic(rollouts.select(*MODEL_INPUTS, "values", "returns"))[0])
+
+
+@step_columns(reads=(*MODEL_INPUTS, "advantages"))
+def update_actor(trainer: RLTrainer, rollouts: Batch, loss_fn: ActorLoss | None = None) -> None:
+    """One actor update (``actor.ppo_epochs`` passes of mini-batches); records ``actor/*``.
+
+    Sends ``old_log_probs``, ``ref_log_probs`` and ``rollout_log_probs`` along when the batch has them
+    (``rollout_log_probs`` next to ``old_log_probs`` only for a rollout correction). Without ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its
+    own forward (`ActorRolloutRefWorker.update_actor`). ``loss_fn`` replaces the config's objective.
+    """
+    optional = [c for c in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if c in rollouts]
+    objective = loss_fn if isinstance(loss_fn, PolicyObjective) else None
+    corrected = (objective.rollout_correction if objective else trainer.config.actor.rollout_correction) != "none"
+    if "old_log_probs" in rollouts and "rollout_log_probs" in optional and not corrected:
+        optional.remove("rollout_log_probs")  # the gap was measured against old_log_probs already
+    batch = rollouts.select(*MODEL_INPUTS, "advantages", *optional, meta=False)
+    with trainer.timer.phase("update"):
+        metrics = trainer.actor.update_actor(
+            batch, temperature=trainer.config.rollout.temperature, loss_fn=loss_fn
+        )[0]
+    trainer.record(metrics)

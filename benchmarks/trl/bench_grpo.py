@@ -121,6 +121,7 @@ def prepare_inputs(out: Path, size: str) -> tuple[Path, Path]:
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from hybridflow.metrics.loggers.jsonl import read_jsonl
+    from trainer.algorithms import rl_step
     from trainer.config import load_config
     from trainer.ray_runtime import start_ray
     from trainer.rl_trainer import RLTrainer
@@ -163,18 +164,16 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         ],
     )
 
-    class TimedTrainer(RLTrainer):
-        def train_step(self, prompts):
-            cpu = tree_cpu_seconds()
-            metrics = super().train_step(prompts)
-            metrics["bench/cpu_s"] = tree_cpu_seconds() - cpu
-            metrics["bench/load_1m"] = os.getloadavg()[0]
-            return metrics
+    def timed_step(trainer, prompts):
+        cpu = tree_cpu_seconds()
+        rollouts = rl_step(trainer, prompts)
+        trainer.record({"bench/cpu_s": tree_cpu_seconds() - cpu, "bench/load_1m": os.getloadavg()[0]})
+        return rollouts
 
     start = time.perf_counter()
-    with start_ray(config), TimedTrainer(config) as trainer:
+    with start_ray(config), RLTrainer(config) as trainer:
         built = time.perf_counter()
-        trainer.fit()
+        trainer.fit(timed_step)
     records = read_jsonl(run_dir / "metrics.jsonl")
     steps = []
     for record in records:

@@ -13,9 +13,8 @@ key                      shape                         meaning
 ``response_mask``        ``[batch, response_len]``     1 for real response tokens, 0 otherwise
 ``token_level_rewards``  ``[batch, response_len]``     reward per token (an outcome reward sits
                                                        at the last valid token)
-``scores``               ``[batch]``                   outcome score per sequence (optional; if
-                                                       absent, the masked sum of
-                                                       ``token_level_rewards`` is used)
+``scores``               ``[batch]``                   outcome score per sequence (used only
+                                                       when ``token_level_rewards`` is absent)
 ``values``               ``[batch, response_len]``     critic values V(s_t) (``gae`` only)
 ``group_ids``            ``[batch]`` / ``[batch, L]``  integer group ids (see
                                                        :mod:`hybridflow.algos.grouping`)
@@ -26,8 +25,10 @@ key                      shape                         meaning
                                                        prompt (``remax`` only)
 =======================  ============================  =========================================
 
-When both ``scores`` and ``token_level_rewards`` are present, ``scores`` takes precedence (as the
-outcome score, placed at the last valid token where token rewards are needed).
+When both ``scores`` and ``token_level_rewards`` are present, ``token_level_rewards`` takes precedence:
+it is what shaping and an in-reward KL penalty write, and ``scores`` (the raw outcome score) would drop
+them. An outcome score is the masked sum of ``token_level_rewards``; ``scores`` alone is placed at the last
+valid token where token rewards are needed.
 
 ``params`` are keyword-only scalars from the config (``gamma``, ``lam``, ``norm_by_std``...). Both
 outputs are ``[batch, response_len]`` and are 0 wherever ``response_mask`` is 0.
@@ -79,8 +80,8 @@ def _response_mask(data: Mapping[str, Tensor], who: str, like: Tensor | None = N
 
 
 def _sequence_scores(data: Mapping[str, Tensor], mask: Tensor, who: str) -> Tensor:
-    """``data['scores']`` if given, else the masked sum of ``token_level_rewards``: ``[batch]``."""
-    if "scores" in data:
+    """The masked sum of ``token_level_rewards`` if given, else ``data['scores']``: ``[batch]``."""
+    if "scores" in data and "token_level_rewards" not in data:
         scores = data["scores"]
         if scores.shape != mask.shape[:1]:
             raise ValueError(f"{who}: scores must be [batch]={mask.shape[0]}, got {tuple(scores.shape)}")
@@ -102,7 +103,7 @@ def _per_token(per_sequence: Tensor, mask: Tensor) -> Tensor:
 
 def _token_rewards(data: Mapping[str, Tensor], mask: Tensor, who: str) -> Tensor:
     """Token-level rewards ``[batch, response_len]``: given ones, or ``scores`` at the last valid token."""
-    if "token_level_rewards" in data and "scores" not in data:
+    if "token_level_rewards" in data:
         rewards = data["token_level_rewards"]
         if rewards.shape != mask.shape:
             raise ValueError(

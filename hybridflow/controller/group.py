@@ -19,9 +19,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from hybridflow.contract import first_batch, require_columns
 from hybridflow.controller.dispatch import DataParallel, DataParallelPlan, DispatchMode, RankCall, ShardRefs
 from hybridflow.controller.register import RegisteredMethod, registered_methods
 from hybridflow.controller.worker import MeshInfo
+from hybridflow.protocol import Batch
 
 __all__ = ["GroupFuture", "WorkerGroup"]
 
@@ -76,8 +78,20 @@ class _GroupMethod:
         self.__name__ = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        future = self._group._call(self._name, self._spec, args, kwargs)
-        return future.get() if self._spec.blocking else future
+        spec = self._spec
+        where = f"{self._group.role}.{self._name}"
+        if spec.prepare is not None:
+            args, kwargs = spec.prepare(args, kwargs)
+        batch = first_batch(args, kwargs)
+        if batch is not None:
+            require_columns(batch, spec.reads, where)
+        future = self._group._call(self._name, spec, args, kwargs)
+        if not spec.blocking:
+            return future
+        result = future.get()
+        if isinstance(result, Batch):
+            require_columns(result, spec.writes, where, produced=True)
+        return result
 
     def __repr__(self) -> str:
         return f"<group method {self._group.role}.{self._name} dispatch={self._spec.dispatch!r}>"

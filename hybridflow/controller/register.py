@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -24,29 +24,42 @@ class RegisteredMethod:
             runs it on rank 0 only, whatever the mode.
         blocking: ``True`` returns the collected result; ``False`` returns a `GroupFuture` that can
             be passed to the next call without the data coming back to the controller.
+        reads: columns the method needs in its Batch argument; checked on the controller before the call.
+        writes: columns the returned Batch always holds; checked when a blocking call returns.
+        prepare: ``prepare(args, kwargs) -> (args, kwargs)``, run on the controller before dispatch: e.g.
+            to resolve registered names to functions, so that a recipe's registrations reach workers.
     """
 
     dispatch: DispatchMode
     execute: Literal["all", "rank_zero"]
     blocking: bool
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None
 
 
 def register(
     dispatch: str | DispatchMode = "one_to_all",
     execute: Literal["all", "rank_zero"] = "all",
     blocking: bool = True,
+    reads: Iterable[str] = (),
+    writes: Iterable[str] = (),
+    prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
 ) -> Callable[[F], F]:
     """Mark a `Worker` method as callable through a worker group.
+
+    ``reads`` and ``writes`` declare the method's Batch contract (`RegisteredMethod`); a call whose Batch
+    lacks a column it reads fails on the controller with a `MissingColumnError` naming both.
 
     Example::
 
         class Actor(Worker):
-            @register(dispatch=DataParallel(mesh="infer"), blocking=False)
+            @register(dispatch=DataParallel(mesh="infer"), blocking=False, reads=("input_ids",))
             def generate_sequences(self, prompts: Batch) -> Batch: ...
     """
     if execute not in ("all", "rank_zero"):
         raise ValueError(f"execute must be 'all' or 'rank_zero', got {execute!r}")
-    spec = RegisteredMethod(get_dispatch_mode(dispatch), execute, blocking)
+    spec = RegisteredMethod(get_dispatch_mode(dispatch), execute, blocking, tuple(reads), tuple(writes), prepare)
 
     def mark(method: F) -> F:
         setattr(method, _ATTRIBUTE, spec)
@@ -56,10 +69,17 @@ def register(
 
 
 def registered_methods(cls: type) -> dict[str, RegisteredMethod]:
-    """Every registered method of ``cls`` (inherited ones included), by name."""
+    """Every registered method of ``cls`` (inherited ones included), by name.
+
+    A subclass that overrides a registered method without decorating it again keeps the registration
+    of the method it overrides (the nearest one up the MRO), so a recipe's worker class can wrap
+    ``update_actor`` with a plain ``def`` and ``super()`` call.
+    """
     found = {}
     for name in dir(cls):
-        spec = getattr(getattr(cls, name, None), _ATTRIBUTE, None)
-        if isinstance(spec, RegisteredMethod):
-            found[name] = spec
+        for owner in cls.__mro__:
+            spec = getattr(owner.__dict__.get(name), _ATTRIBUTE, None)
+            if isinstance(spec, RegisteredMethod):
+                found[name] = spec
+                break
     return found

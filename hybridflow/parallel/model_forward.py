@@ -20,15 +20,16 @@ gathered only during the root module's forward, and computing there never builds
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from hybridflow.parallel.logprobs import token_log_probs
+from hybridflow.parallel.logprobs import token_statistics
 from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.token_stats import TokenStatistic, resolve_token_statistics
 from hybridflow.parallel.varlen_attention import VARLEN_SDPA
 
 # Config keys of models that transform logits after the lm_head; the fused head would skip that step.
@@ -37,20 +38,29 @@ _LOGIT_POSTPROCESSING_KEYS = ("final_logit_softcapping", "logit_scale", "logits_
 
 @dataclass(frozen=True)
 class TokenLogProbs:
-    """Per-token results aligned with ``input_ids [batch, seq_len]``.
+    """Per-token statistics aligned with ``input_ids [batch, seq_len]``, by statistic name.
 
-    ``log_probs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` in nats; 0 where ``t`` is the first
-    valid token of its row or a pad. ``entropy[b, t]`` (nats) is the entropy of that same predictive
-    distribution, or ``None`` when not requested. The response part is ``[:, -response_len:]``.
+    ``values["log_prob"][b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` in nats; every statistic is
+    0 where ``t`` is the first valid token of its row or a pad, and otherwise describes that same
+    predictive distribution (``entropy`` in nats, or a recipe's own; see `hybridflow.parallel.token_stats`).
+    The response part is ``[:, -response_len:]``.
     """
 
-    log_probs: torch.Tensor
-    entropy: torch.Tensor | None
+    values: dict[str, torch.Tensor]
+
+    @property
+    def log_probs(self) -> torch.Tensor:
+        """``values["log_prob"]``."""
+        return self.values["log_prob"]
+
+    @property
+    def entropy(self) -> torch.Tensor | None:
+        """``values["entropy"]``, or ``None`` when it was not asked for."""
+        return self.values.get("entropy")
 
     def response(self, response_len: int) -> TokenLogProbs:
         """The last ``response_len`` columns: ``[batch, response_len]``."""
-        entropy = None if self.entropy is None else self.entropy[:, -response_len:]
-        return TokenLogProbs(self.log_probs[:, -response_len:], entropy)
+        return TokenLogProbs({name: value[:, -response_len:] for name, value in self.values.items()})
 
 
 def _check_plain_head(model: nn.Module) -> None:
@@ -65,27 +75,25 @@ def _check_plain_head(model: nn.Module) -> None:
 
 @contextmanager
 def _head_scores_labels(
-    model: nn.Module, labels: torch.Tensor, temperature: float, chunk_size: int | None, with_entropy: bool
+    model: nn.Module,
+    labels: torch.Tensor,
+    temperature: float,
+    chunk_size: int | None,
+    stats: tuple[TokenStatistic, ...],
 ) -> Iterator[None]:
-    """While active, the model's ``logits`` output is ``[batch, seq, 1 or 2]`` (log-prob, entropy)."""
+    """While active, the model's ``logits`` output is ``[batch, seq, len(stats)]``."""
     _check_plain_head(model)
     head = model.get_output_embeddings()
     head_forward = head.forward
 
     def scores(hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, hidden.shape[-1])
-        log_probs, entropy = token_log_probs(
-            flat,
-            head_forward,
-            labels,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            with_entropy=with_entropy,
+        values = token_statistics(
+            flat, head_forward, labels, stats, temperature=temperature, chunk_size=chunk_size
         )
-        stats = log_probs.unsqueeze(-1) if entropy is None else torch.stack((log_probs, entropy), -1)
         # A copy, not a view: FSDP2 hooks the root's outputs for backward and warns that in-place ops on
-        # a view would bypass that hook. The copy is [tokens, 2] floats.
-        return stats.view(*hidden.shape[:-1], stats.shape[-1]).clone()
+        # a view would bypass that hook. The copy is [tokens, len(stats)] floats.
+        return values.view(*hidden.shape[:-1], values.shape[-1]).clone()
 
     head.forward = scores
     try:
@@ -111,8 +119,8 @@ def packing_kwargs(model: nn.Module, packed: PackedSequences) -> dict:
     return kwargs
 
 
-def _split_stats(stats: torch.Tensor, with_entropy: bool) -> TokenLogProbs:
-    return TokenLogProbs(stats[..., 0], stats[..., 1] if with_entropy else None)
+def _split_stats(values: torch.Tensor, stats: tuple[TokenStatistic, ...]) -> TokenLogProbs:
+    return TokenLogProbs({stat.name: values[..., k] for k, stat in enumerate(stats)})
 
 
 def packed_log_probs(
@@ -122,27 +130,29 @@ def packed_log_probs(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
-    with_entropy: bool = False,
+    stats: Sequence[str | TokenStatistic] = ("log_prob",),
 ) -> TokenLogProbs:
     """Forward ``input_ids [batch, seq_len]`` with all valid tokens packed into one row.
 
     ``attention_mask [batch, seq_len]`` marks the valid tokens (left, right or both-sided padding).
-    ``chunk_size`` bounds the tokens whose logits exist at once. Differentiable.
+    ``stats`` names the token statistics to compute (`hybridflow.parallel.token_stats`); ``chunk_size``
+    bounds the tokens whose logits exist at once. Differentiable.
     """
+    stats = resolve_token_statistics(stats)
     packed = pack_sequences(input_ids, attention_mask)
     # Token j's distribution scores token j + 1; at a sequence's last token that would be the next
     # sequence's first token, and those entries are dropped below.
     labels = torch.roll(packed.input_ids, shifts=-1, dims=1).flatten()
     kwargs = packing_kwargs(model, packed)
-    with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
-        stats = model(input_ids=packed.input_ids, use_cache=False, **kwargs).logits[0]
+    with _head_scores_labels(model, labels, temperature, chunk_size, stats):
+        values = model(input_ids=packed.input_ids, use_cache=False, **kwargs).logits[0]
     # Move each score from the predicting token to the predicted one. A sequence's first token has no
     # prediction inside its sequence (its slot received the previous sequence's last score): zero it.
     starts = packed.position_ids[0] == 0
-    stats = torch.cat((stats.new_zeros(1, stats.shape[-1]), stats[:-1]))
-    stats = torch.where(starts.unsqueeze(-1), 0.0, stats)
-    per_token = torch.stack([unpack_tokens(stats[:, k], packed) for k in range(stats.shape[-1])], dim=-1)
-    return _split_stats(per_token, with_entropy)
+    values = torch.cat((values.new_zeros(1, values.shape[-1]), values[:-1]))
+    values = torch.where(starts.unsqueeze(-1), 0.0, values)
+    per_token = torch.stack([unpack_tokens(values[:, k], packed) for k in range(values.shape[-1])], dim=-1)
+    return _split_stats(per_token, stats)
 
 
 def padded_log_probs(
@@ -152,20 +162,21 @@ def padded_log_probs(
     *,
     temperature: float = 1.0,
     chunk_size: int | None = None,
-    with_entropy: bool = False,
+    stats: Sequence[str | TokenStatistic] = ("log_prob",),
 ) -> TokenLogProbs:
     """The same result as :func:`packed_log_probs`, computed on the padded batch (pads cost compute).
 
     For models or attention kernels without packed-sequence support, and as the reference for packing.
     """
+    stats = resolve_token_statistics(stats)
     labels = torch.roll(input_ids, shifts=-1, dims=1).flatten()
     position_ids = position_ids_from_mask(attention_mask)
-    with _head_scores_labels(model, labels, temperature, chunk_size, with_entropy):
-        stats = model(
+    with _head_scores_labels(model, labels, temperature, chunk_size, stats):
+        values = model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).logits
     valid = attention_mask.bool()
     scored = valid[:, 1:] & valid[:, :-1]
-    shifted = torch.where(scored.unsqueeze(-1), stats[:, :-1], 0.0)
-    stats = torch.cat((torch.zeros_like(stats[:, :1]), shifted), dim=1)
-    return _split_stats(stats, with_entropy)
+    shifted = torch.where(scored.unsqueeze(-1), values[:, :-1], 0.0)
+    values = torch.cat((torch.zeros_like(values[:, :1]), shifted), dim=1)
+    return _split_stats(values, stats)

@@ -290,8 +290,13 @@ def test_shape_mismatch_is_reported():
         grpo({"scores": t([1.0, 2.0, 3.0]), "response_mask": MASK, "group_ids": GROUPS})
 
 
-def test_scores_take_precedence_over_token_rewards():
-    # Token rewards sum to 5 but scores say 1: the score is used (placed at the last valid token).
+def test_token_rewards_take_precedence_over_scores():
+    # Scores say 1 but the token rewards (shaped, or KL-penalised) sum to 5: dropping them would lose the
+    # penalty, so the token rewards are used, by token-level and by outcome estimators alike.
     data = {"scores": t([1.0]), "token_level_rewards": t([[2.0, 3.0]]), "response_mask": t([[1, 1]])}
     _, ret = reinforce_pp(data)
-    assert_close(ret, t([[1.0, 1.0]]))
+    assert_close(ret, t([[5.0, 3.0]]))
+    groups = {**data, "scores": t([1.0, 1.0]), "token_level_rewards": t([[2.0, 3.0], [0.0, 1.0]]),
+              "response_mask": t([[1, 1], [1, 1]]), "group_ids": torch.tensor([0, 0])}
+    adv, _ = grpo(groups, norm_by_std=False)
+    assert_close(adv, t([[2.0, 2.0], [-2.0, -2.0]]))

@@ -115,3 +115,31 @@ class Placeholder:
 
     def ping(self) -> str:
         return "pong"
+
+
+class ColumnWorker(Worker):
+    """Methods that declare their Batch contract; one breaks its own (returns no ``y``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    @register(dispatch=DataParallel(), reads=("x",), writes=("y",))
+    def double_x(self, batch: Batch) -> Batch:
+        self.calls += 1
+        return Batch({"y": batch["x"] * 2})
+
+    @register(dispatch=DataParallel(), reads=("x",), writes=("y",))
+    def forgets_y(self, batch: Batch) -> Batch:
+        return Batch({"z": batch["x"]})
+
+    @register(dispatch="one_to_all")
+    def call_count(self) -> int:
+        return self.calls
+
+
+class WrappingColumnWorker(ColumnWorker):
+    """Overrides ``double_x`` without ``@register``: it keeps the registration of the method it overrides."""
+
+    def double_x(self, batch: Batch) -> Batch:
+        return super().double_x(batch) | Batch({"wrapped_by_rank": torch.full((len(batch),), self.rank)})

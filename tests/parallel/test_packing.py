@@ -52,8 +52,8 @@ def test_packed_equals_padded_and_alone(attn, left):
     model = tiny_qwen2(attn=attn).eval()
     input_ids, mask = skewed_batch(LENGTHS, SEQ_LEN, left=left)
     with torch.no_grad():
-        packed = packed_log_probs(model, input_ids, mask, temperature=0.7, with_entropy=True)
-        padded = padded_log_probs(model, input_ids, mask, temperature=0.7, with_entropy=True)
+        packed = packed_log_probs(model, input_ids, mask, temperature=0.7, stats=("log_prob", "entropy"))
+        padded = padded_log_probs(model, input_ids, mask, temperature=0.7, stats=("log_prob", "entropy"))
         alone = _alone(model, input_ids, mask, temperature=0.7)
     assert packed.log_probs.shape == (len(LENGTHS), SEQ_LEN)
     torch.testing.assert_close(packed.log_probs, padded.log_probs, atol=1e-5, rtol=0)
@@ -91,7 +91,7 @@ def test_packed_gradients_equal_padded():
     grads = []
     for fn in (packed_log_probs, padded_log_probs):
         model = tiny_qwen2()
-        out = fn(model, input_ids, mask, with_entropy=True, chunk_size=16)
+        out = fn(model, input_ids, mask, stats=("log_prob", "entropy"), chunk_size=16)
         (-(out.log_probs.sum()) - 0.01 * out.entropy.sum()).backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[0].items():

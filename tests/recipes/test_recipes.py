@@ -1,7 +1,7 @@
 """The recipes: every config loads and validates, says what its README says, and stays CPU-sized.
 
 Cheap tests (no Ray) except the last one, which runs recipes/grpo/main.py (the recipe that writes its
-own loop) for 2 steps with the HF engine and a reward model in a subprocess.
+own step function) for 2 steps with the HF engine and a reward model in a subprocess.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from trainer.config import RunConfig, derive_sizes, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-NAMES = ("grpo", "ppo", "rloo", "reinforce_pp", "dr_grpo")
+NAMES = ("grpo", "ppo", "rloo", "reinforce_pp", "dr_grpo", "dapo", "intuitor")
 GRPO_REWARD = f"{RECIPES / 'grpo' / 'reward.py'}:r1_zero_reward"
 # README lines of the form "- `algorithm.adv_estimator: rloo` ..." state what makes the algorithm.
 CLAIM = re.compile(r"^- `([a-z_]+(?:\.[a-z_]+)+): ([^`]*)`", re.MULTILINE)
@@ -48,7 +49,7 @@ def recipe_config(name: str, data: Path, *extra: str) -> RunConfig:
 
 def lookup(config: object, key: str) -> object:
     for part in key.split("."):
-        config = getattr(config, part)
+        config = config[part] if isinstance(config, Mapping) else getattr(config, part)
     return config
 
 
@@ -129,8 +130,9 @@ def test_grpo_loop_refuses_what_it_does_not_run(data):
     with_critic = recipe_config("grpo", data, "critic.lr=1e-5", "algorithm.adv_estimator=gae")
     with pytest.raises(SystemExit, match="critic"):
         module.check_supported(with_critic)
-    with pytest.raises(SystemExit, match=r"trainer\.save_every"):
-        module.check_supported(recipe_config("grpo", data, "trainer.save_every=5"))
+    with pytest.raises(SystemExit, match=r"algorithm\.use_kl_in_reward"):
+        module.check_supported(recipe_config("grpo", data, "algorithm.use_kl_in_reward=true"))
+    module.check_supported(recipe_config("grpo", data, "trainer.save_every=5"))  # fit checkpoints any step
 
 
 def test_ppo_has_a_critic_gae_and_adaptive_kl_in_reward(data):
@@ -168,7 +170,7 @@ def test_dr_grpo_drops_both_normalisations(data):
 
 @pytest.mark.slow
 def test_grpo_main_runs_two_steps(tmp_path):
-    """The hand-written loop of recipes/grpo/main.py runs end to end (HF engine, tiny batch, own Ray),
+    """The step function of recipes/grpo/main.py runs end to end under fit (HF engine, tiny batch, own Ray),
     and its scores include the reward model of a ``reward_model`` section.
 
     Mostly start-up (Ray, two worker processes, the reward worker): 123 s measured on a 2-core machine

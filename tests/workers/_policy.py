@@ -53,8 +53,7 @@ def training_batch(rows: int, seed: int, prompt_len: int = 6, response_len: int 
             "response_mask": response_mask,
             "advantages": advantages,
             "old_log_probs": old_log_probs,
-        },
-        meta={"temperature": 1.0},
+        }
     )
 
 

@@ -55,7 +55,7 @@ def reference_step_with_metrics(
         model.parameters(), lr=ADAM.lr, betas=ADAM.betas, weight_decay=ADAM.weight_decay
     )
     out = sequence_log_probs(
-        model, batch, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False
+        model, batch, temperature=1.0, use_packing=False, chunk_size=None
     )
     mask = batch["response_mask"]
     loss, metrics = objective(out.log_probs, None, batch, float(mask.sum()), float(len(batch)))
@@ -79,7 +79,7 @@ def updated(ray_cluster, policy_dir, objective):
     for name, world, micro in [("w2_micro4", 2, 4), ("w2_micro1", 2, 1), ("w1_micro4", 1, 4)]:
         config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=micro)
         group, pool = actor_group(policy_dir, world, config, name=name)
-        metrics = group.update_actor(batch, objective)
+        metrics = group.update_actor(batch, temperature=1.0, loss_fn=objective)
         results[name] = (group.gather_full_state()[0], metrics[0])
         group.hosts.shutdown()
         pool.release()
@@ -111,7 +111,7 @@ def test_uneven_batch_is_refused_for_training(ray_cluster, policy_dir):
     group, pool = actor_group(policy_dir, 2, config, name="uneven")
     try:
         with pytest.raises(ValueError, match="does not split evenly over 2"):
-            group.update_actor(training_batch(3, seed=1))
+            group.update_actor(training_batch(3, seed=1), temperature=1.0)
     finally:
         group.hosts.shutdown()
         pool.release()
@@ -121,10 +121,10 @@ def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp
     config = ActorConfig(optim=ADAM, mini_batch_size=4, micro_batch_size=2)
     first, second = training_batch(ROWS, seed=10), training_batch(ROWS, seed=11)
     group, pool = actor_group(policy_dir, 2, config, name="ckpt")
-    group.update_actor(first, objective)
+    group.update_actor(first, temperature=1.0, loss_fn=objective)
     group.save_checkpoint(str(tmp_path), export_hf=True)
     at_save = group.gather_full_state()[0]
-    uninterrupted_metrics = group.update_actor(second, objective)[0]
+    uninterrupted_metrics = group.update_actor(second, temperature=1.0, loss_fn=objective)[0]
     uninterrupted = group.gather_full_state()[0]
     group.hosts.shutdown()
     pool.release()
@@ -132,7 +132,7 @@ def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp
     resumed, pool = actor_group(policy_dir, 2, config, name="resumed")
     try:
         resumed.load_checkpoint(str(tmp_path))
-        resumed_metrics = resumed.update_actor(second, objective)[0]
+        resumed_metrics = resumed.update_actor(second, temperature=1.0, loss_fn=objective)[0]
         assert_same_weights(resumed.gather_full_state()[0], uninterrupted, 0.0)
         assert resumed_metrics == uninterrupted_metrics
     finally:
@@ -207,7 +207,7 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
 
     group, pool = actor_group(policy_dir, 2, config, name="registered")
     try:
-        metrics = group.update_actor(batch)[0]
+        metrics = group.update_actor(batch, temperature=1.0)[0]
         updated = group.gather_full_state()[0]
     finally:
         group.hosts.shutdown()
@@ -242,7 +242,7 @@ def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, 
     are the policy's own (ratio 1), and the update reports the rollout-vs-trainer gap itself."""
     on_policy = without_old_log_probs(training_batch(ROWS, seed=4))
     current = sequence_log_probs(
-        load_causal_lm(policy_dir), on_policy, temperature=1.0, use_packing=False, chunk_size=None, with_entropy=False
+        load_causal_lm(policy_dir), on_policy, temperature=1.0, use_packing=False, chunk_size=None
     ).log_probs.detach()
     expected = reference_step(policy_dir, on_policy | Batch({"old_log_probs": current}), objective)
     # The engine's log-probs, off by exactly 0.01 on the first half of the rows and 0.03 on the rest.
@@ -251,13 +251,17 @@ def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, 
     config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=2)
     group, pool = actor_group(policy_dir, 2, config, name="on-policy")
     try:
-        metrics = group.update_actor(on_policy | Batch({"rollout_log_probs": current + offsets}), objective)[0]
+        metrics = group.update_actor(
+            on_policy | Batch({"rollout_log_probs": current + offsets}), temperature=1.0, loss_fn=objective
+        )[0]
         assert_same_weights(group.gather_full_state()[0], expected, ATOL)
         assert metrics["actor/clip_frac"] == 0.0
         assert metrics["sync/log_prob_abs_diff_max"] == pytest.approx(0.03, abs=1e-5)
         assert metrics["sync/log_prob_abs_diff_mean"] == pytest.approx(offsets[mask].mean().item(), abs=1e-5)
         with pytest.raises(WorkerError, match=r"ValueError: .* only valid for one on-policy optimizer step"):
-            group.update_actor(without_old_log_probs(training_batch(2 * ROWS, seed=5)), objective)
+            group.update_actor(
+                without_old_log_probs(training_batch(2 * ROWS, seed=5)), temperature=1.0, loss_fn=objective
+            )
     finally:
         group.hosts.shutdown()
         pool.release()

@@ -68,13 +68,15 @@ def synced(request, ray_cluster, policy_dir):
     )
     try:
         before = group.generate_sequences(prompts(), SAMPLING)
-        before_lp = group.compute_log_prob(before)["old_log_probs"]
+        before_lp = group.compute_log_prob(before, temperature=SAMPLING.temperature)["old_log_probs"]
         generator = torch.Generator().manual_seed(1)
         advantages = torch.randn(len(before), generator=generator)[:, None] * before["response_mask"]
-        group.update_actor(before | Batch({"old_log_probs": before_lp, "advantages": advantages}))
+        group.update_actor(
+            before | Batch({"old_log_probs": before_lp, "advantages": advantages}), temperature=SAMPLING.temperature
+        )
         after = group.generate_sequences(prompts(), SAMPLING)
-        after_lp = group.compute_log_prob(after)["old_log_probs"]
-        after_ref = group.compute_ref_log_prob(after)["ref_log_probs"]
+        after_lp = group.compute_log_prob(after, temperature=SAMPLING.temperature)["old_log_probs"]
+        after_ref = group.compute_ref_log_prob(after, temperature=SAMPLING.temperature)["ref_log_probs"]
         yield {
             "tp": tp,
             "before": before,

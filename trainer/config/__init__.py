@@ -26,6 +26,7 @@ from pathlib import Path
 from trainer.config.frozen import FrozenMap
 from trainer.config.loading import config_from_dict, config_to_dict, load_config
 from trainer.config.problems import ConfigError
+from trainer.config.recipe import recipe_field, recipe_settings
 from trainer.config.schema import (
     GLOBAL_POOL,
     ROLES,
@@ -85,4 +86,6 @@ __all__ = [
     "config_to_dict",
     "derive_sizes",
     "load_config",
+    "recipe_field",
+    "recipe_settings",
 ]

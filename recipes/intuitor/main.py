@@ -1,0 +1,93 @@
+"""INTUITOR (Zhao et al. 2025, "Learning to Reason without External Rewards", arXiv 2505.19590): GRPO whose
+only reward is the policy's own self-certainty, with no gold labels in training.
+
+Self-certainty of a response is the mean over its tokens of KL(U || p_t), per token
+``logsumexp(z) - mean_v z_v - log |V|`` (`hybridflow.parallel.token_stats`, "self_certainty"): how far each
+next-token prediction is from uniform. It is computed online, by the current policy, in the same forward as
+the old log-probs. Advantages are GRPO's on it; the loss keeps a k3 KL to the reference (beta 0.005).
+Ground-truth answers are dropped before generation and only validation (`RLTrainer.validate`) scores
+against them. ``recipe.external_reward_weight`` > 0 adds the config's reward functions as a second,
+separately normalised advantage (and then the labels are used in training).
+
+Run:  python recipes/intuitor/main.py [key=value overrides of config.yaml]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybridflow.algos import compute_advantage, last_valid_token_mask, masked_mean
+from hybridflow.data.synthetic import ensure_arithmetic_splits
+from hybridflow.protocol import Batch
+from trainer.config import load_config, recipe_field, recipe_settings
+from trainer.ray_runtime import start_ray
+from trainer.rl_trainer import RLTrainer
+from trainer.steps import advantages, generate, old_log_probs, ref_log_probs, score, update_actor
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(".cache/recipes/intuitor/data")  # config.yaml's data.train_files / val_files point here
+LABEL_COLUMNS = ("ground_truth",)
+"""Prompt columns that carry the answer: never part of a label-free training step."""
+
+
+@dataclass(frozen=True)
+class IntuitorSettings:
+    """``recipe.*`` keys: the weight of the external (labelled) reward's advantage; 0 trains label-free."""
+
+    external_reward_weight: float = recipe_field(0.0, ge=0)
+
+
+def without_labels(batch: Batch) -> Batch:
+    """``batch`` without the columns that hold gold answers."""
+    return batch.select(*[key for key in batch.keys() if key not in LABEL_COLUMNS])
+
+
+def self_certainty_scores(rollouts: Batch) -> Batch:
+    """``scores [batch]``: each response's mean per-token self-certainty (nats), and ``token_level_scores
+    [batch, response_len]`` holding it at the last response token, as a reward function's score would be."""
+    mask = rollouts["response_mask"]
+    certainty = masked_mean(rollouts["self_certainty"], mask, dim=-1)
+    return Batch({"scores": certainty, "token_level_scores": certainty[:, None] * last_valid_token_mask(mask)})
+
+
+def intuitor_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    """One INTUITOR step: sample, score by self-certainty, GRPO advantages, update with KL to the reference."""
+    settings = recipe_settings(trainer.config, IntuitorSettings)
+    if settings.external_reward_weight == 0:
+        prompts = without_labels(prompts)  # nothing below can see an answer
+    rollouts = generate(trainer, prompts)  # G samples per prompt (vLLM, inference layout)
+    rollouts |= old_log_probs(trainer, rollouts, stats=("log_prob", "self_certainty"))  # one forward
+    rollouts |= self_certainty_scores(rollouts)  # u_i = mean_t KL(U || pi(. | q, o_<t))
+    rollouts |= ref_log_probs(trainer, rollouts)  # for beta * KL(pi || pi_ref) in the loss
+    rollouts |= advantages(trainer, rollouts)  # (u_i - mean_group(u)) / std_group(u)
+    trainer.record({"intuitor/self_certainty_mean": rollouts["scores"].mean().item()})
+    if settings.external_reward_weight > 0:
+        external = score(trainer, rollouts)  # normalised on its own, then added with its weight
+        external_advantages, _ = compute_advantage(
+            {
+                "token_level_rewards": external["token_level_scores"],
+                "response_mask": rollouts["response_mask"],
+                "group_ids": rollouts["group_ids"],
+            },
+            "grpo",
+        )
+        total = rollouts.pop("advantages")["advantages"] + settings.external_reward_weight * external_advantages
+        rollouts = without_labels(rollouts) | Batch({"advantages": total})
+    update_actor(trainer, rollouts)  # clipped surrogate + 0.005 * k3 KL to pi_ref (config)
+    return rollouts
+
+
+def main(overrides: list[str]) -> dict[str, float]:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_arithmetic_splits(DATA)  # 2-digit addition, bare style ("47+38=" -> "85")
+    config = load_config(HERE / "config.yaml", overrides)
+    recipe_settings(config, IntuitorSettings)  # a bad recipe.* key fails here, before anything starts
+    with start_ray(config), RLTrainer(config) as trainer:
+        return trainer.fit(intuitor_step)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,131 @@
+"""recipes/dapo: dynamic sampling keeps only informative groups and refills the batch; overlong handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.controller import register
+from hybridflow.metrics import read_jsonl
+from hybridflow.protocol import Batch
+from hybridflow.rewards.shaping import overlong_penalty
+from tests.recipes._load import RECIPES, load_recipe
+from tests.trainer._runs import run_config, write_task
+from trainer.config import load_config
+from trainer.rl_trainer import RLTrainer
+from workers.actor import ActorRolloutRefWorker
+
+dapo = load_recipe("dapo")
+GROUP = 4
+
+
+def scored_round(group_scores: list[list[float]], tag: int, prompt_width: int) -> Batch:
+    """Rows of hand-made groups of GROUP samples: scores, a tag per row, and prompts ``prompt_width`` wide."""
+    scores = torch.tensor([s for group in group_scores for s in group])
+    rows = len(scores)
+    return Batch(
+        {
+            "scores": scores,
+            "group_ids": torch.arange(rows) // GROUP,
+            "tag": torch.full((rows,), tag) * 100 + torch.arange(rows),
+            "input_ids": torch.full((rows, prompt_width), 5),
+            "attention_mask": torch.ones(rows, prompt_width, dtype=torch.long),
+            "responses": torch.ones(rows, 3, dtype=torch.long),
+        }
+    )
+
+
+def test_uniform_groups_never_reach_the_batch_and_it_is_refilled():
+    rounds = [
+        # all correct, mixed, all wrong, mixed
+        scored_round([[1, 1, 1, 1], [1, 0, 0, 1], [0, 0, 0, 0], [0, 0, 1, 0]], tag=1, prompt_width=3),
+        # all wrong, mixed, mixed, all wrong
+        scored_round([[0, 0, 0, 0], [1, 1, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], tag=2, prompt_width=5),
+        scored_round([[0, 1, 0, 1]] * 4, tag=3, prompt_width=4),
+    ]
+    calls = []
+
+    def sample_round(index: int) -> Batch:
+        calls.append(index)
+        return rounds[index]
+
+    batch, metrics = dapo.fill_batch(sample_round, groups_wanted=3, group_size=GROUP, max_rounds=4, pad_token_id=0)
+    assert calls == [0, 1]  # round 1 kept 2 groups, round 2 filled the third and stopped
+    # Kept: round 1's groups 1 and 3, then round 2's group 1 (the batch is full: its group 2 is cut).
+    assert batch["tag"].tolist() == [104, 105, 106, 107, 112, 113, 114, 115, 204, 205, 206, 207]
+    assert batch["group_ids"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    for group in batch["scores"].view(3, GROUP):
+        assert group.max() > group.min()
+    # Prompts of both rounds left-padded to the widest (5): round 1's rows gained 2 pad columns.
+    assert batch["input_ids"].shape == (12, 5)
+    assert batch["attention_mask"][:8].tolist() == [[0, 0, 1, 1, 1]] * 8
+    assert metrics == {
+        "dapo/rounds": 2.0,
+        "dapo/prompts_sampled": 8.0,
+        "dapo/prompts_kept": 3.0,
+        "dapo/kept_fraction": 4 / 8,
+    }
+
+
+def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
+    uniform = scored_round([[1, 1, 1, 1], [0, 0, 0, 0]], tag=1, prompt_width=2)
+    batch, metrics = dapo.fill_batch(lambda _: uniform, groups_wanted=2, group_size=GROUP, max_rounds=3, pad_token_id=0)
+    assert batch is None
+    assert metrics["dapo/rounds"] == 3 and metrics["dapo/prompts_sampled"] == 6
+    assert metrics["dapo/prompts_kept"] == 0 and metrics["dapo/kept_fraction"] == 0
+
+
+def test_overlong_punishment_of_the_recipe_config_at_its_boundaries(tmp_path):
+    config = load_config(
+        RECIPES / "dapo" / "config.yaml",
+        [f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]", "data.val_files=[]", "trainer.val_every=0"],
+    )
+    (shaping,) = config.reward.shaping
+    assert shaping.name == "overlong_penalty" and dict(shaping.kwargs) == {"max_response_length": 6, "cache_length": 2}
+    lengths = torch.tensor([1, 4, 5, 6])  # up to L_max - L_cache = 4: 0; then (4 - L) / 2; -1 at L_max
+    mask = (torch.arange(6) < lengths[:, None]).long()
+    shaped = overlong_penalty(torch.ones(4), Batch({"response_mask": mask}), **shaping.kwargs)
+    assert shaped.tolist() == [1.0, 1.0, 0.5, 0.0]
+
+
+def test_truncated_samples_carry_no_loss():
+    rows = Batch({"response_mask": torch.ones(3, 4, dtype=torch.long)}, {"finish_reason": ["stop", "length", "stop"]})
+    assert dapo.without_truncated_tokens(rows)["response_mask"].sum(-1).tolist() == [4, 0, 4]
+
+
+class AdvantageRecordingActor(ActorRolloutRefWorker):
+    """Records the advantages each update receives (rank 0's rows)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.advantages: list[torch.Tensor] = []
+
+    def update_actor(self, batch: Batch, **kwargs) -> dict[str, float]:
+        self.advantages.append(batch["advantages"].clone())
+        return super().update_actor(batch, **kwargs)
+
+    @register(dispatch="rank_zero")
+    def recorded_advantages(self) -> list[torch.Tensor]:
+        return self.advantages
+
+
+def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_path):
+    # The "write 7" task scores the share of 7s: a random policy's group is all-zero about 1 time in 9,
+    # so some rounds drop groups and sample again.
+    root = write_task(tmp_path)
+    config = run_config(root, "hf", 2, ["recipe.max_rounds=4", "actor.clip_eps_high=0.28"])
+    with RLTrainer(config, worker_classes={"actor_rollout": AdvantageRecordingActor}) as trainer:
+        trainer.fit(dapo.dapo_step)
+        recorded = trainer.actor.recorded_advantages()
+    records = read_jsonl(root / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert len(recorded) == 2
+    for advantages in recorded:
+        # Rank 0 trains the first half of the 16 groups of 8: none of them has all-zero advantages.
+        per_group = advantages.abs().sum(-1).view(-1, 8).sum(-1)
+        assert len(per_group) == 8 and bool((per_group > 0).all())
+    for record in records:
+        assert record["dapo/prompts_kept"] == 16
+        assert record["dapo/rounds"] >= 1
+        assert record["dapo/prompts_sampled"] == pytest.approx(16 * record["dapo/rounds"])
+        assert record["group/zero_variance_frac"] == 0.0

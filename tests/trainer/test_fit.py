@@ -1,0 +1,133 @@
+"""`fit` with a step function written in the test: checkpoint/resume, the sync check, a recipe's worker class.
+
+Real Ray, gloo, FSDP2 and the HF engine on 2 ranks, on the tiny "write the character 7" task of
+`tests.trainer._runs`. The step below is not one the library ships (REINFORCE with a leave-one-out
+baseline, computed here), so everything `fit` does for it, it does for any step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.controller import register
+from hybridflow.metrics import read_jsonl
+from hybridflow.protocol import Batch
+from tests.trainer._runs import run_config, write_task
+from trainer.fit import LogProbGapError
+from trainer.rl_trainer import RLTrainer
+from trainer.steps import generate, old_log_probs, score, update_actor
+from workers.actor import ActorRolloutRefWorker
+
+STEPS = 3
+
+
+class ColumnRecordingActor(ActorRolloutRefWorker):
+    """A recipe-style worker class: records which columns each update received."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.update_columns: list[list[str]] = []
+
+    def update_actor(self, batch: Batch, **kwargs) -> dict[str, float]:
+        self.update_columns.append(sorted(batch.keys()))
+        return super().update_actor(batch, **kwargs)
+
+    @register(dispatch="rank_zero")
+    def columns_seen_by_updates(self) -> list[list[str]]:
+        return self.update_columns
+
+
+def leave_one_out_advantages(rollouts: Batch) -> torch.Tensor:
+    """``[batch, response_len]``: score minus the mean score of the other samples of the same prompt."""
+    scores, groups = rollouts["scores"], rollouts["group_ids"]
+    sums = torch.zeros(int(groups.max()) + 1).index_add_(0, groups, scores)
+    counts = torch.zeros_like(sums).index_add_(0, groups, torch.ones_like(scores))
+    baseline = (sums[groups] - scores) / (counts[groups] - 1)
+    return (scores - baseline)[:, None] * rollouts["response_mask"]
+
+
+def loo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    rollouts = generate(trainer, prompts)
+    rollouts |= score(trainer, rollouts)
+    rollouts |= old_log_probs(trainer, rollouts)
+    rollouts |= Batch({"advantages": leave_one_out_advantages(rollouts)})
+    update_actor(trainer, rollouts)
+    return rollouts
+
+
+def stale_engine_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    """As `loo_step`, but the engine's log-probs are off by 0.5 nats: what a failed weight push looks like."""
+    rollouts = generate(trainer, prompts)
+    engine = rollouts.pop("rollout_log_probs")["rollout_log_probs"]
+    rollouts |= Batch({"rollout_log_probs": engine + 0.5 * rollouts["response_mask"]})
+    rollouts |= score(trainer, rollouts)
+    rollouts |= old_log_probs(trainer, rollouts)
+    return rollouts
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("fit"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster, task):
+    config = run_config(task, "hf", STEPS, ["trainer.save_every=2", "actor.param_dtype=float32"])
+    with RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as trainer:
+        trainer.fit(loo_step)
+        seen = trainer.actor.columns_seen_by_updates()
+        used_class = trainer.actor.worker_cls
+    return read_jsonl(task / "run" / "metrics.jsonl"), seen, used_class
+
+
+def test_a_custom_step_resumes_and_reproduces_the_next_step(task, uninterrupted):
+    records, _, _ = uninterrupted
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert (task / "run" / "checkpoints" / "step_2").is_dir()
+    for record in records:
+        # fit computed the sync gap of a step it knows nothing about, and timed its phases.
+        assert record["sync/log_prob_abs_diff_max"] < 1e-3
+        for key in ("timing_s/generation", "timing_s/reward", "timing_s/log_prob", "timing_s/update"):
+            assert record[key] > 0, key
+    config = run_config(
+        task,
+        "hf",
+        STEPS,
+        [
+            "actor.param_dtype=float32",
+            f"trainer.resume={task / 'run' / 'checkpoints' / 'step_2'}",
+            f"trainer.output_dir={task / 'resumed'}",
+        ],
+    )
+    with RLTrainer(config) as trainer:
+        trainer.fit(loo_step)
+    resumed = read_jsonl(task / "resumed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [3]
+    for key in ("score/mean", "response_length/mean", "advantage/mean", "actor/pg_loss", "actor/grad_norm"):
+        assert resumed[0][key] == pytest.approx(records[2][key], rel=1e-5, abs=1e-7), key
+
+
+def test_the_recipe_worker_class_runs_the_actor_role(uninterrupted):
+    _, seen, used_class = uninterrupted
+    assert used_class is ColumnRecordingActor
+    # Its override ran on every update (rank 0 records its share), with exactly the columns sent.
+    assert seen == [
+        ["advantages", "attention_mask", "input_ids", "old_log_probs", "response_mask", "responses"]
+    ] * STEPS
+
+
+def test_the_sync_check_fires_for_any_step_function(ray_cluster, task):
+    config = run_config(
+        task, "hf", 2, ["resharding.max_log_prob_gap=0.1", f"trainer.output_dir={task / 'stale'}"]
+    )
+    with RLTrainer(config) as trainer, pytest.raises(LogProbGapError, match=r"step 1: .* gap 0\.5"):
+        trainer.fit(stale_engine_step)
+
+
+def test_a_worker_class_must_subclass_the_shipped_one_and_name_a_started_role(ray_cluster, task):
+    config = run_config(task, "hf", 1, [f"trainer.output_dir={task / 'bad'}"])
+    with pytest.raises(ValueError, match=r"worker_classes\['actor_rollout'\].*subclass of workers\.actor"):
+        RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor.__mro__[-1]})
+    with pytest.raises(ValueError, match=r"names role\(s\) \['critic'\] that this run does not start"):
+        RLTrainer(config, worker_classes={"critic": ColumnRecordingActor})

@@ -1,0 +1,63 @@
+"""`rl_step`: PPO and GRPO (and every estimator of the config) as one step function.
+
+In the order the data flows (the controller only moves Batches; weights stay on the workers)::
+
+    rollouts  = generate(prompts)            # [B*n] rows, inference layout
+    rollouts |= score(rollouts)              # reward functions (+ weight * reward model)
+    rollouts |= old_log_probs(rollouts)      # training layout; skipped when the update is one
+                                             # on-policy optimizer step (it takes its own)
+    rollouts |= ref_log_probs(rollouts)      # if a KL term is used
+    rollouts |= values(rollouts)             # PPO only
+    rollouts |= advantages(rollouts)         # KL in the reward, then the estimator; on the controller
+    update_critic(rollouts)                  # PPO only
+    update_actor(rollouts)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridflow.protocol import Batch
+from trainer.steps import (
+    advantages,
+    generate,
+    old_log_probs,
+    ref_log_probs,
+    score,
+    update_actor,
+    update_critic,
+    values,
+)
+
+if TYPE_CHECKING:
+    from trainer.rl_trainer import RLTrainer
+
+__all__ = ["needs_old_log_probs", "rl_step"]
+
+
+def needs_old_log_probs(trainer: RLTrainer) -> bool:
+    """Whether the step must compute old log-probs before the update.
+
+    With one optimizer step per batch the update's own forward gives them (see
+    `ActorRolloutRefWorker.update_actor`); several optimizer steps, or a KL penalty in the reward, need
+    them first.
+    """
+    return trainer.sizes.actor.optimizer_steps_per_step > 1 or trainer.config.algorithm.use_kl_in_reward
+
+
+def rl_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    """One PPO/GRPO step as the config describes it; returns the step's rollouts."""
+    config = trainer.config
+    rollouts = generate(trainer, prompts)
+    rollouts |= score(trainer, rollouts)
+    if needs_old_log_probs(trainer):
+        rollouts |= old_log_probs(trainer, rollouts)
+    if config.needs_reference:
+        rollouts |= ref_log_probs(trainer, rollouts)
+    if trainer.critic is not None:
+        rollouts |= values(trainer, rollouts)
+    rollouts |= advantages(trainer, rollouts)
+    if trainer.critic is not None:
+        update_critic(trainer, rollouts)
+    update_actor(trainer, rollouts)
+    return rollouts
