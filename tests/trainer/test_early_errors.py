@@ -155,7 +155,11 @@ for name, argv in json.loads(sys.argv[1]).items():
             code = 0
         except SystemExit as exit:
             code = exit.code
-    children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+    # Every thread's children: Ray's processes, a watchdog, reward workers would all be listed here.
+    children = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            children += open(f"/proc/self/task/{task}/children").read().split()
     results[name] = {"code": code, "stderr": stderr.getvalue(), "ray": ray.is_initialized(), "children": children}
 print(json.dumps(results))
 """
