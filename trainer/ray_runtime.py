@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
     ``sys.path`` for its workers, so recipes that define worker classes next to their script run
     unchanged. It starts without the dashboard; stale temp folders of dead runs are removed first; and
     if the driver dies without shutting the cluster down, the watchdog stops what is left of it (see
-    the module docstring).
+    the module docstring; on systems without ``/proc``, such as macOS, neither runs).
     """
     if address is not None:
         ray.init(address=address, logging_level="WARNING")
@@ -56,11 +57,20 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
         finally:
             ray.shutdown()
         return
-    remove_stale_temp_dirs(_TEMP_ROOT)
     resource = config.resource
     slots = resource.nodes * resource.slots_per_node + sum(
         p.nodes * p.slots_per_node for p in resource.pools.values()
     )
+    num_cpus = max(os.cpu_count() or 1, int(slots * resource.cpus_per_slot) + 1)
+    if not ray_watchdog.SUPPORTED:
+        temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=_TEMP_ROOT))
+        try:
+            with _local_cluster(num_cpus, temp_dir):
+                yield
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        return
+    remove_stale_temp_dirs(_TEMP_ROOT)
     temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=_TEMP_ROOT))
     ray_watchdog.record_driver(temp_dir)
     watchdog = subprocess.Popen(
@@ -71,23 +81,29 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
         start_new_session=True,
     )
     try:
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(slots * resource.cpus_per_slot) + 1),
-            include_dashboard=False,
-            _temp_dir=str(temp_dir),
-            logging_level="WARNING",
-            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
-        )
-        try:
+        with _local_cluster(num_cpus, temp_dir):
             yield
-        finally:
-            ray.shutdown()
     finally:
         # Closing the pipe is the watchdog's signal: it stops any straggler and removes the folder.
         assert watchdog.stdin is not None
         watchdog.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             watchdog.wait(timeout=_WATCHDOG_EXIT_S)
+
+
+@contextmanager
+def _local_cluster(num_cpus: int, temp_dir: Path) -> Iterator[None]:
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _temp_dir=str(temp_dir),
+        logging_level="WARNING",
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def remove_stale_temp_dirs(root: Path) -> list[Path]:

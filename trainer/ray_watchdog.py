@@ -24,10 +24,21 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["DRIVER_FILE", "is_stale", "process_identity", "processes_using", "record_driver", "sweep"]
+__all__ = [
+    "DRIVER_FILE",
+    "SUPPORTED",
+    "is_stale",
+    "process_identity",
+    "processes_using",
+    "record_driver",
+    "sweep",
+]
 
 DRIVER_FILE = "driver.pid"
 """File in a run's Ray temp folder naming the driver: ``"<pid> <start time>"``."""
+
+SUPPORTED = Path("/proc/self/stat").is_file()
+"""Whether this system has the Linux ``/proc`` file system that finding a run's processes relies on."""
 
 _GRACE_S = 2.0
 _SWEEP_LIMIT_S = 30.0
