@@ -57,11 +57,10 @@ def _source_model(tied: bool) -> LlamaForCausalLM:
         eos_token_id=2,
         pad_token_id=2,
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(3)
         model = LlamaForCausalLM(config)
-    # Norm weights start at 1; make them distinct so that a mapped-to-the-wrong-norm bug shows.
-    with torch.no_grad():
+        # Norm weights start at 1; make them distinct so that a mapped-to-the-wrong-norm bug shows.
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
@@ -183,7 +182,9 @@ def test_conversion_round_trips_weights_and_greedy_tokens(tmp_path: Path, tied: 
     assert torch.equal(tokens, _greedy(from_gguf, prompt))
     with torch.no_grad():
         torch.testing.assert_close(converted(prompt).logits, from_gguf(prompt).logits, atol=0, rtol=0)
-    # ... and those of the source model, which a conversion that lost the rotary row order would not give.
+    # ... and those of the source model with the same 8-bit tensor, which a conversion that lost the
+    # rotary row order would not give.
+    source.load_state_dict(expected)
     assert torch.equal(tokens, _greedy(source, prompt))
     assert load_causal_lm(out, torch.bfloat16).model.embed_tokens.weight.dtype == torch.bfloat16
 
