@@ -74,9 +74,13 @@ class RLTrainer:
         self.model_dir = prepare_model_dir(config, self.output_dir)
         self.tokenizer = load_tokenizer(config, self.model_dir)
         data = config.data
-        self.train_data = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length)
+        self.train_data = PromptDataset(
+            data.train_files, self.tokenizer, data.max_prompt_length, prompt_key=data.prompt_key
+        )
         self.val_data = (
-            PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length) if data.val_files else None
+            PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, prompt_key=data.prompt_key)
+            if data.val_files
+            else None
         )
         self.loader = PromptLoader(
             self.train_data,

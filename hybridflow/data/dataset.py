@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from hybridflow.data.chat import render_prompt
 from hybridflow.data.files import read_rows
-from hybridflow.data.schema import validate_row
+from hybridflow.data.schema import RowFormatError, validate_row
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,6 +43,8 @@ class PromptDataset(Dataset):
         tokenizer: a Hugging Face tokenizer.
         max_prompt_length: longest prompt kept, in tokens.
         cache_dir: cache directory handed to ``datasets`` (its default if None).
+        prompt_key: the column holding each row's prompt (chat messages); it is read as the layout's
+            ``prompt`` field (``data.prompt_key``).
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class PromptDataset(Dataset):
         tokenizer: PreTrainedTokenizerBase,
         max_prompt_length: int,
         cache_dir: str | None = None,
+        prompt_key: str = "prompt",
     ) -> None:
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
@@ -61,8 +64,12 @@ class PromptDataset(Dataset):
         for path in paths:
             file_rows = read_rows(path, cache_dir=cache_dir)
             for i, row in enumerate(file_rows):
+                if prompt_key != "prompt":
+                    if row.get(prompt_key) is None:
+                        raise RowFormatError(i, prompt_key, "is missing (the data.prompt_key column)", str(path))
+                    row = {**row, "prompt": row[prompt_key]}
                 validate_row(row, i, where=str(path))
-            rows.extend(file_rows)
+                rows.append(row)
 
         texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -72,12 +72,16 @@ class ReshardingConfig:
             held at once while streaming (a single tensor larger than this gets its own buffer).
         offload_optimizer: move optimizer state to host memory while in the inference layout.
         offload_params: move the FSDP parameter shards to host memory while in the inference layout.
+        free_kv_cache: release the engine's memory (KV cache) in the training layout and restore it
+            before generating; ``False`` keeps it allocated throughout (no reallocation per switch, at
+            the cost of the training phases' headroom).
         weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
     """
 
-    bucket_bytes: int = 64 * 1024**2
+    bucket_bytes: int = 16 * 1024**2
     offload_optimizer: bool = False
     offload_params: bool = False
+    free_kv_cache: bool = True
     weight_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
@@ -202,12 +206,12 @@ class ReshardingManager:
         return report
 
     def to_training(self) -> SwitchReport:
-        """Free the engine's cache and bring the training state back."""
+        """Free the engine's cache (with ``free_kv_cache``) and bring the training state back."""
         if self.layout != "inference":
             raise RuntimeError(f"to_training called in the {self.layout} layout")
         start = time.perf_counter()
         with PeakMemoryTracker(self.device) as tracker:
-            engine_bytes = self.engine.release()
+            engine_bytes = self.engine.release() if self.config.free_kv_cache else 0
             restored = 0
             if self.config.offload_params:
                 restored += load_fsdp_params(self.model, self.device).bytes_moved

@@ -49,7 +49,7 @@ class RewardConfig:
     num_workers: int = 2
     timeout_s: float = 10.0
     fallback_score: float = 0.0
-    default_fn: str | Callable[..., Any] = "math_verify"
+    default_fn: str | Callable[..., Any] = "exact_match"
     fn_by_source: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
     shaping: tuple[ShapingSpec, ...] = ()
     kill_grace_s: float = 2.0

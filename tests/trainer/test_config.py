@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from hybridflow.algos import (
     register_advantage_estimator,
 )
 from hybridflow.data import write_rows
+from tests.trainer._config_docs import documented_defaults
 from trainer.config import (
     CONFIG_DIR,
     ConfigError,
@@ -489,25 +489,8 @@ def _leaf_defaults(cls: type, prefix: str) -> dict[str, object]:
     return out
 
 
-def _documented_defaults(text: str) -> dict[str, object]:
-    """``key -> default`` from the tables of docs/config.md, parsed as an override value would be."""
-    from omegaconf import OmegaConf
-
-    def parse(raw: str) -> object:
-        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
-
-    out: dict[str, object] = {}
-    for key, raw in re.findall(r"^\| `([\w.<>\[\]]+)` \| `([^`]*)` \|", text, flags=re.MULTILINE):
-        out[key] = parse(raw)
-    shared = r"^\| `(actor\.\w+)` / `(critic\.\w+)` \| `([^`]*)`(?: / `([^`]*)`)? \|"
-    for actor_key, critic_key, actor_raw, critic_raw in re.findall(shared, text, flags=re.MULTILINE):
-        out[actor_key] = parse(actor_raw)
-        out[critic_key] = parse(critic_raw or actor_raw)
-    return out
-
-
 def test_docs_give_every_key_with_its_default():
-    documented = _documented_defaults((REPO_ROOT / "docs" / "config.md").read_text())
+    documented = documented_defaults()
     defaults = _leaf_defaults(RunConfig, "")
     del defaults["critic"], defaults["reward_model"]
     defaults.update(_leaf_defaults(CriticConfig, "critic"))
