@@ -15,6 +15,7 @@ into the engine and gives the memory back afterwards. Two meshes are published t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -145,15 +146,11 @@ class ActorRolloutRefWorker(Worker):
         loaded = time.perf_counter()
         self.engine = build_rollout_engine(self.rollout_config, self.model_config.path, device=self.device)
         # The manager starts in the training layout: the engine's cache is given back until needed.
-        self.engine.release()
+        if self.resharding_config.free_kv_cache:
+            self.engine.release()
         weight_dtype = getattr(torch, self.rollout_config.dtype)
         if self.resharding_config.weight_dtype is None:
-            self.resharding_config = ReshardingConfig(
-                bucket_bytes=self.resharding_config.bucket_bytes,
-                offload_optimizer=self.resharding_config.offload_optimizer,
-                offload_params=self.resharding_config.offload_params,
-                weight_dtype=weight_dtype,
-            )
+            self.resharding_config = dataclasses.replace(self.resharding_config, weight_dtype=weight_dtype)
         self.resharder = ReshardingManager(
             self.model, self.engine, self.optimizer, self.resharding_config, self.device
         )
