@@ -249,8 +249,9 @@ class RLTrainer:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint_dir/step_{k}`` through `hybridflow.checkpoint.CheckpointStore`: the actor's
         (and critic's) distributed checkpoints, then the marker holding the controller's state (data
-        position, KL coefficient), which makes it complete. A full disk raises `DiskFullError` naming the
-        step and the space needed and free, and leaves no partial folder behind."""
+        position, KL coefficient, the training monitor's windows), which makes it complete. A full disk
+        raises `DiskFullError` naming the step and the space needed and free, and leaves no partial
+        folder behind."""
 
         def write_parts(path: Path) -> None:
             self.actor.save_checkpoint(str(path / "actor"))
@@ -260,6 +261,7 @@ class RLTrainer:
         state = {
             "loader": self.loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+            "monitor": self.monitor.state_dict(),
         }
         size_hint = training_state_bytes(self.model_dir, trained_models=1 if self.critic is None else 2)
         store = CheckpointStore(self.config.trainer.checkpoint_dir)
@@ -280,6 +282,8 @@ class RLTrainer:
             self._prompts = self._prompt_stream()
             if self.kl_ctrl is not None and checkpoint.state["kl_coef"] is not None:
                 self.kl_ctrl.value = checkpoint.state["kl_coef"]
+            if "monitor" in checkpoint.state:  # checkpoints written before the monitor existed lack it
+                self.monitor.load_state_dict(checkpoint.state["monitor"])
             self.step = checkpoint.step
             log.warning("resumed from %s at step %d", checkpoint.path, self.step)
         # The run logs every step after its start again: records of those steps from an earlier run in

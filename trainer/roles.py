@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from hybridflow.controller import (
     RayWorkerGroup,
     ResourcePool,
     RoleSpec,
+    Worker,
     create_worker_groups,
     shutdown_worker_groups,
 )
@@ -16,6 +18,7 @@ from hybridflow.rewards import RewardConfig as RewardManagerConfig
 from hybridflow.rewards import ShapingSpec
 from hybridflow.rollout.config import RolloutConfig as EngineConfig
 from trainer.config import GLOBAL_POOL, DerivedSizes, OptimizedRoleConfig, RunConfig
+from trainer.config.frozen import FrozenMap
 from workers.actor import ActorRolloutRefWorker
 from workers.config import ActorConfig, CriticConfig, ModelConfig, OptimConfig
 from workers.config import RewardModelConfig as RewardModelWorkerConfig
@@ -23,13 +26,18 @@ from workers.critic import CriticWorker
 from workers.reward_model import RewardModelWorker
 
 __all__ = [
+    "SHIPPED_WORKER_CLASSES",
+    "actor_rollout_options",
     "actor_settings",
     "build_pools",
     "build_worker_groups",
     "critic_settings",
     "engine_settings",
+    "model_settings",
+    "resharding_settings",
     "reward_model_settings",
     "reward_settings",
+    "worker_class",
 ]
 
 
@@ -46,7 +54,8 @@ def _optim(role: OptimizedRoleConfig, total_updates: int) -> OptimConfig:
     )
 
 
-def _model(config: RunConfig, role: OptimizedRoleConfig, model_dir: Path) -> ModelConfig:
+def model_settings(config: RunConfig, role: OptimizedRoleConfig, model_dir: Path) -> ModelConfig:
+    """The model a trained role (``config.actor`` or ``config.critic``) loads from ``model_dir``."""
     return ModelConfig(
         path=str(model_dir),
         dtype=config.model.dtype,
@@ -64,6 +73,10 @@ def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> 
         micro_batch_size=actor.ppo_micro_batch_size,
         forward_micro_batch_size=actor.forward_micro_batch_size,
         max_tokens_per_micro_batch=actor.max_tokens_per_micro_batch if actor.dynamic_batching else None,
+        ref_forward_micro_batch_size=config.ref.forward_micro_batch_size,
+        ref_max_tokens_per_micro_batch=(
+            config.ref.max_tokens_per_micro_batch if config.ref.dynamic_batching else None
+        ),
         epochs=actor.ppo_epochs,
         shuffle=actor.shuffle,
         seed=config.data.seed,
@@ -74,6 +87,9 @@ def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> 
         entropy_coef=actor.entropy_coef,
         kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
         kl_estimator=actor.kl_estimator,
+        skip_zero_advantage_rows=actor.skip_zero_advantage_rows,
+        rollout_correction=actor.rollout_correction,
+        rollout_correction_cap=actor.rollout_correction_cap,
     )
 
 
@@ -84,7 +100,7 @@ def critic_settings(
     critic = config.critic
     assert critic is not None and sizes.critic is not None
     return CriticConfig(
-        model=_model(config, critic, model_dir),
+        model=model_settings(config, critic, model_dir),
         optim=_optim(critic, total_steps * sizes.critic.optimizer_steps_per_step),
         mini_batch_size=critic.ppo_mini_batch_size,
         micro_batch_size=critic.ppo_micro_batch_size,
@@ -149,6 +165,22 @@ def reward_settings(config: RunConfig) -> RewardManagerConfig:
     )
 
 
+def resharding_settings(config: RunConfig) -> ReshardingConfig:
+    """How the actor's weights switch layout: the gather buffer, the actor's offload choices, the KV cache."""
+    return ReshardingConfig(
+        bucket_bytes=config.resharding.bucket_bytes,
+        offload_optimizer=config.actor.optimizer_offload,
+        offload_params=config.actor.param_offload,
+        free_kv_cache=config.resharding.free_kv_cache,
+    )
+
+
+def actor_rollout_options(config: RunConfig) -> dict[str, bool]:
+    """Keyword arguments of the actor/rollout worker: whether it holds the reference policy, and whether
+    that copy waits in host memory between uses."""
+    return {"with_ref": config.needs_reference, "offload_ref": config.ref.param_offload}
+
+
 def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
     """The global pool and every extra pool of ``resource.pools``."""
     resource = config.resource
@@ -164,32 +196,64 @@ def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
     return pools
 
 
+SHIPPED_WORKER_CLASSES: dict[str, type[Worker]] = {
+    "actor_rollout": ActorRolloutRefWorker,
+    "critic": CriticWorker,
+    "reward_model": RewardModelWorker,
+}
+"""The class each role runs unless a recipe supplies a subclass (`build_worker_groups`)."""
+
+
+def worker_class(role: str, worker_classes: Mapping[str, type[Worker]]) -> type[Worker]:
+    """The class to run for ``role``: the recipe's, which must subclass the shipped one, or the shipped one.
+
+    Raises:
+        ValueError: for an unknown role name or a class that does not subclass the shipped class.
+    """
+    unknown = sorted(set(worker_classes) - set(SHIPPED_WORKER_CLASSES))
+    if unknown:
+        raise ValueError(f"worker_classes: unknown role(s) {unknown}; roles are {sorted(SHIPPED_WORKER_CLASSES)}")
+    shipped = SHIPPED_WORKER_CLASSES[role]
+    cls = worker_classes.get(role, shipped)
+    if not (isinstance(cls, type) and issubclass(cls, shipped)):
+        raise ValueError(
+            f"worker_classes[{role!r}]: {cls!r} must be a subclass of {shipped.__module__}.{shipped.__name__}"
+        )
+    return cls
+
+
 def build_worker_groups(
-    config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path, pools: dict[str, ResourcePool]
+    config: RunConfig,
+    sizes: DerivedSizes,
+    total_steps: int,
+    model_dir: Path,
+    pools: dict[str, ResourcePool],
+    worker_classes: Mapping[str, type[Worker]] = FrozenMap(),
 ) -> dict[str, RayWorkerGroup]:
     """Start the roles the run needs on their pools (colocated where they share one) and load them.
 
-    Roles on the same pool share one process per slot; a role on another pool gets processes of its own.
-    If any start or load fails, every process started here is stopped before the error propagates (the
-    pools' placement groups stay: they belong to the caller).
+    ``worker_classes`` maps a role to a recipe's subclass of its shipped class (`worker_class`), built
+    with the same arguments. Roles on the same pool share one process per slot; a role on another pool
+    gets processes of its own. If any start or load fails, every process started here is stopped before
+    the error propagates (the pools' placement groups stay: they belong to the caller).
     """
-    model = _model(config, config.actor, model_dir)
-    resharding = ReshardingConfig(
-        bucket_bytes=config.resharding.bucket_bytes,
-        offload_optimizer=config.actor.optimizer_offload,
-        offload_params=config.actor.param_offload,
-    )
+    model = model_settings(config, config.actor, model_dir)
     roles = {
         "actor_rollout": RoleSpec(
-            ActorRolloutRefWorker,
-            (model, actor_settings(config, sizes, total_steps), engine_settings(config), resharding),
-            {"with_ref": config.needs_reference, "offload_ref": config.ref.param_offload},
+            worker_class("actor_rollout", worker_classes),
+            (model, actor_settings(config, sizes, total_steps), engine_settings(config), resharding_settings(config)),
+            actor_rollout_options(config),
         )
     }
     if config.critic is not None:
-        roles["critic"] = RoleSpec(CriticWorker, (critic_settings(config, sizes, total_steps, model_dir),))
+        roles["critic"] = RoleSpec(
+            worker_class("critic", worker_classes), (critic_settings(config, sizes, total_steps, model_dir),)
+        )
     if config.reward_model is not None:
-        roles["reward_model"] = RoleSpec(RewardModelWorker, (reward_model_settings(config),))
+        roles["reward_model"] = RoleSpec(worker_class("reward_model", worker_classes), (reward_model_settings(config),))
+    unused = sorted(set(worker_classes) - set(roles))
+    if unused:
+        raise ValueError(f"worker_classes names role(s) {unused} that this run does not start")
     placement = {role: pools[config.resource.pool_of(role)] for role in roles}
     # Stops what it started if a role fails to start; loading is this function's to clean up.
     groups = create_worker_groups(roles, placement)

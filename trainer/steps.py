@@ -30,6 +30,7 @@ from hybridflow.rollout.sampling import SamplingParams
 from trainer.config import AlgorithmConfig
 from workers.actor import MODEL_INPUTS
 from workers.objective import ActorLoss, PolicyObjective
+from workers.training import balanced_update_order
 
 if TYPE_CHECKING:
     from trainer.rl_trainer import RLTrainer
@@ -238,8 +239,11 @@ def update_actor(trainer: RLTrainer, rollouts: Batch, loss_fn: ActorLoss | None 
     """One actor update (``actor.ppo_epochs`` passes of mini-batches); records ``actor/*``.
 
     Sends ``old_log_probs``, ``ref_log_probs`` and ``rollout_log_probs`` along when the batch has them
-    (``rollout_log_probs`` next to ``old_log_probs`` only for a rollout correction). Without ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its
-    own forward (`ActorRolloutRefWorker.update_actor`). ``loss_fn`` replaces the config's objective.
+    (``rollout_log_probs`` next to ``old_log_probs`` only for a rollout correction). Without
+    ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its own
+    forward (`ActorRolloutRefWorker.update_actor`). ``loss_fn`` replaces the config's objective. Rows
+    are sent in `balanced_update_order`, so that every rank gets a like share of the rows that carry
+    advantage (the update leaves the others out where that is exact).
     """
     optional = [c for c in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if c in rollouts]
     objective = loss_fn if isinstance(loss_fn, PolicyObjective) else None
@@ -247,6 +251,8 @@ def update_actor(trainer: RLTrainer, rollouts: Batch, loss_fn: ActorLoss | None 
     if "old_log_probs" in rollouts and "rollout_log_probs" in optional and not corrected:
         optional.remove("rollout_log_probs")  # the gap was measured against old_log_probs already
     batch = rollouts.select(*MODEL_INPUTS, "advantages", *optional, meta=False)
+    mini_batch_size = trainer.config.actor.ppo_mini_batch_size
+    batch = batch.reorder(balanced_update_order(batch, trainer.actor.world_size, mini_batch_size))
     with trainer.timer.phase("update"):
         metrics = trainer.actor.update_actor(
             batch, temperature=trainer.config.rollout.temperature, loss_fn=loss_fn

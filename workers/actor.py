@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
 from hybridflow.parallel import (
     TokenLogProbs,
+    TokenStatistic,
     build_meshes,
     load_fsdp_params,
     offload_fsdp_params,
@@ -37,6 +39,7 @@ from hybridflow.parallel import (
     packed_log_probs,
     padded_log_probs,
     reshard_all,
+    resolve_token_statistics,
     shard_model,
 )
 from hybridflow.protocol import Batch
@@ -45,11 +48,13 @@ from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
 from workers.config import ActorConfig, ModelConfig
-from workers.objective import ActorLoss
+from workers.objective import ActorLoss, skips_zero_advantage_rows
 from workers.training import (
+    MODEL_INPUTS,
     LogProbGap,
     build_lr_scheduler,
     build_optimizer,
+    carries_advantage,
     clip_and_step,
     gather_full_state,
     global_sum,
@@ -58,9 +63,10 @@ from workers.training import (
     mini_batches,
     save_training_state,
     sequence_inputs,
+    update_micro_batches,
 )
 
-__all__ = ["ActorRolloutRefWorker", "sequence_log_probs"]
+__all__ = ["MODEL_INPUTS", "ActorRolloutRefWorker", "sequence_log_probs"]
 
 
 def sequence_log_probs(
@@ -70,19 +76,31 @@ def sequence_log_probs(
     temperature: float,
     use_packing: bool,
     chunk_size: int | None,
-    with_entropy: bool,
+    stats: Sequence[str | TokenStatistic] = ("log_prob",),
 ) -> TokenLogProbs:
-    """Log-probs (nats) of each response token, ``[batch, response_len]``, and optionally entropy.
+    """Token statistics of each response token, ``[batch, response_len]`` each: by default the log-prob
+    (nats) alone; ``stats`` adds others (``entropy``, a recipe's own; `hybridflow.parallel.token_stats`).
 
     ``log_softmax(logits / temperature)`` at the sampled token: the distribution the rollout engine
     sampled from when top-k and top-p are off.
     """
     input_ids, attention_mask = sequence_inputs(batch)
     forward = packed_log_probs if use_packing else padded_log_probs
-    out = forward(
-        model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
-    )
+    out = forward(model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size, stats=stats)
     return out.response(batch["responses"].shape[1])
+
+
+
+def _resolve_stats_argument(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Resolve ``stats`` names on the controller, where a recipe registered them (see `register`)."""
+    if "stats" in kwargs:
+        kwargs = {**kwargs, "stats": resolve_token_statistics(kwargs["stats"])}
+    return args, kwargs
+
+
+def _stat_column(name: str) -> str:
+    """The output column of a token statistic: ``old_log_probs`` for the log-prob, else its own name."""
+    return "old_log_probs" if name == "log_prob" else name
 
 
 class ActorRolloutRefWorker(Worker):
@@ -158,14 +176,17 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ generation
 
-    @register(dispatch=DataParallel("infer"))
+    @register(
+        dispatch=DataParallel("infer"),
+        reads=("input_ids", "attention_mask"),
+        writes=("responses", "response_mask", "rollout_log_probs", "response_lengths"),
+    )
     def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Sample ``sampling.n`` responses per prompt with the actor's current weights.
 
         Input: ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded). Output: see
-        `RolloutEngine.generate`; ``meta`` carries the sampling temperature and the timing and peak
-        memory of both layout switches, reduced over all ranks (the slowest rank's seconds, the
-        largest rank's memory).
+        `RolloutEngine.generate`; ``meta["rollout_metrics"]`` carries the timing and peak memory of both
+        layout switches, reduced over all ranks (the slowest rank's seconds, the largest rank's memory).
         """
         start = time.perf_counter()
         with self.resharder as engine:
@@ -181,17 +202,24 @@ class ActorRolloutRefWorker(Worker):
         }
         per_rank: list[dict[str, float]] = [{}] * self.world_size
         dist.all_gather_object(per_rank, local)
-        rollouts.meta.update(
-            temperature=sampling.temperature,
-            rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}),
-        )
+        rollouts.meta.update(rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}))
         return rollouts
 
     # ------------------------------------------------------------------ log-probs
 
-    def _log_probs(self, model: nn.Module, batch: Batch, temperature: float, with_entropy: bool) -> TokenLogProbs:
+    def _token_stats(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float,
+        stats: Sequence[str | TokenStatistic],
+        rows: int,
+        max_tokens: int | None,
+    ) -> TokenLogProbs:
+        """``stats`` of ``model`` over ``batch`` in micro-batches of ``rows`` rows, or of at most
+        ``max_tokens`` valid tokens when that is set."""
         config = self.actor_config
-        parts, restore = micro_batches(batch, config.forward_micro_batch_size, config.max_tokens_per_micro_batch)
+        parts, restore = micro_batches(batch, rows, max_tokens)
         outs = [
             sequence_log_probs(
                 model,
@@ -199,37 +227,56 @@ class ActorRolloutRefWorker(Worker):
                 temperature=temperature,
                 use_packing=config.use_packing,
                 chunk_size=config.logit_chunk_size,
-                with_entropy=with_entropy,
+                stats=stats,
             )
             for part in parts
         ]
-        log_probs = torch.cat([o.log_probs for o in outs])[restore]
-        entropy = torch.cat([o.entropy for o in outs])[restore] if with_entropy else None
-        return TokenLogProbs(log_probs, entropy)
+        return TokenLogProbs({name: torch.cat([o.values[name] for o in outs])[restore] for name in outs[0].values})
 
-    @register(dispatch=DataParallel())
+    @register(
+        dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("old_log_probs",), prepare=_resolve_stats_argument
+    )
     @on_worker_device
-    def compute_log_prob(self, batch: Batch, with_entropy: bool = False) -> Batch:
-        """``old_log_probs [batch, response_len]`` (nats) under the current actor, in the training
-        layout; with ``with_entropy`` also ``entropy [batch, response_len]`` computed in logit chunks."""
+    def compute_log_prob(
+        self, batch: Batch, *, temperature: float, stats: Sequence[str | TokenStatistic] = ("log_prob",)
+    ) -> Batch:
+        """Token statistics of the current actor, in the training layout, each ``[batch, response_len]``.
+
+        ``temperature`` is the one the responses were sampled with. ``stats`` names registered token
+        statistics (`hybridflow.parallel.token_stats`), computed in logit chunks in one forward:
+        ``log_prob`` becomes the ``old_log_probs`` column (nats) and is always computed; any other
+        statistic becomes a column of its own name (``entropy``, ``self_certainty``, a recipe's own).
+        Names registered only in the controller reach the workers: they are resolved there.
+        """
+        names = [s if isinstance(s, str) else s.name for s in stats]
+        if "log_prob" not in names:
+            stats = (*resolve_token_statistics(["log_prob"]), *stats)
         with torch.no_grad():
-            out = self._log_probs(self.model, batch, batch.meta.get("temperature", 1.0), with_entropy)
+            config = self.actor_config
+            out = self._token_stats(
+                self.model, batch, temperature, stats, config.forward_micro_batch_size, config.max_tokens_per_micro_batch
+            )
         reshard_all(self.model)
-        columns = {"old_log_probs": out.log_probs}
-        if out.entropy is not None:
-            columns["entropy"] = out.entropy
-        return Batch(columns)
+        return Batch({_stat_column(name): value for name, value in out.values.items()})
 
-    @register(dispatch=DataParallel())
+    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("ref_log_probs",))
     @on_worker_device
-    def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy."""
+    def compute_ref_log_prob(self, batch: Batch, *, temperature: float) -> Batch:
+        """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy, at the
+        sampling ``temperature``."""
         if self.ref_model is None:
             raise RuntimeError("this worker was built with with_ref=False")
         if self.offload_ref:
             load_fsdp_params(self.ref_model, self.device)
         with torch.no_grad():
-            out = self._log_probs(self.ref_model, batch, batch.meta.get("temperature", 1.0), False)
+            out = self._token_stats(
+                self.ref_model,
+                batch,
+                temperature,
+                ("log_prob",),
+                self.actor_config.ref_forward_micro_batch_size,
+                self.actor_config.ref_max_tokens_per_micro_batch,
+            )
         reshard_all(self.ref_model)
         if self.offload_ref:
             offload_fsdp_params(self.ref_model)
@@ -237,17 +284,28 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ training
 
-    @register(dispatch=DataParallel(allow_padding=False))
+    @register(dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "advantages"))
     @on_worker_device
-    def update_actor(self, batch: Batch, loss_fn: ActorLoss | None = None) -> dict[str, float]:
+    def update_actor(
+        self, batch: Batch, *, temperature: float, loss_fn: ActorLoss | None = None
+    ) -> dict[str, float]:
         """Train on one step's rollouts: ``epochs`` passes of mini-batches, each an optimizer step.
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
-        ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``.
+        ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``;
+        ``temperature`` is the one the responses were sampled with.
         ``loss_fn`` defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
         does not depend on the micro-batch size or the number of ranks. Returns metrics averaged over
         mini-batches.
+
+        **Zero-advantage rows.** When `skips_zero_advantage_rows` holds for ``loss_fn`` (by default
+        wherever it is exact: ``actor.skip_zero_advantage_rows``), rows whose advantage is zero at every
+        valid token are left out of the forward and backward; the normalisers keep the full mini-batch's
+        counts, so the gradient is the same. ``actor/rows_skipped`` counts them (over all ranks, once per
+        update), and the loss's per-token metrics average over the rows that entered the update. A
+        mini-batch left with no row on any rank still takes its optimizer step, on the exact zero
+        gradient of one prompt-only row per rank (`update_micro_batches`).
 
         **On-policy shortcut.** Without ``old_log_probs``, the update must be a single optimizer step
         (one epoch, one mini-batch): the policy that sampled is then the policy being updated, so the
@@ -266,28 +324,34 @@ class ActorRolloutRefWorker(Worker):
                 f"optimizer step, but epochs={config.epochs} and mini_batch_size={config.mini_batch_size} "
                 f"< {len(batch) * self.world_size} rows; run compute_log_prob first"
             )
-        temperature = batch.meta.get("temperature", 1.0)
+        skip = skips_zero_advantage_rows(config.skip_zero_advantage_rows, loss_fn)
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         for epoch in range(config.epochs):
             seed = config.seed + 1000 * self.update_steps + epoch
             for mini in mini_batches(batch, config.mini_batch_size, self.world_size, config.shuffle, seed):
-                step_metrics = self._train_mini_batch(mini, loss_fn, temperature, on_policy)
-                for key, value in step_metrics.items():
+                for key, value in self._train_mini_batch(mini, loss_fn, temperature, on_policy, skip).items():
                     totals[key] += value
                 steps += 1
         self.update_steps += 1
         reshard_all(self.model)
-        return {key: value / steps for key, value in totals.items()}
+        metrics = {key: value / steps for key, value in totals.items()}
+        if skip:
+            metrics["actor/rows_skipped"] = global_sum((~carries_advantage(batch)).sum())
+        return metrics
 
     def _train_mini_batch(
-        self, mini: Batch, loss_fn: ActorLoss, temperature: float, on_policy: bool
+        self, mini: Batch, loss_fn: ActorLoss, temperature: float, on_policy: bool, skip: bool
     ) -> dict[str, float]:
         config = self.actor_config
-        global_tokens = global_sum(mini["response_mask"].sum())
+        mask = mini["response_mask"]
+        # The full mini-batch's counts, also when rows are left out: the loss shares stay the same.
+        global_tokens = global_sum(mask.sum())
         global_seqs = global_sum(len(mini))
-        parts, _ = micro_batches(mini, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        keep = carries_advantage(mini) if skip else torch.ones(len(mini), dtype=torch.bool, device=mask.device)
+        counts = {"metric_tokens": global_sum(mask[keep].sum())} if skip else {}
+        parts = update_micro_batches(mini, keep, config.micro_batch_size, config.max_tokens_per_micro_batch)
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
         gap = LogProbGap()
@@ -298,13 +362,13 @@ class ActorRolloutRefWorker(Worker):
                 temperature=temperature,
                 use_packing=config.use_packing,
                 chunk_size=config.logit_chunk_size,
-                with_entropy=loss_fn.needs_entropy,
+                stats=("log_prob", "entropy") if loss_fn.needs_entropy else ("log_prob",),
             )
             if on_policy:
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:
                     gap.add(part["rollout_log_probs"], part["old_log_probs"], part["response_mask"])
-            loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs)
+            loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs, **counts)
             # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
             (loss * self.world_size).backward()
             for key, value in metrics.items():

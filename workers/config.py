@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.algos import AGGREGATION_MODES
-from workers.objective import PolicyObjective
+from workers.objective import PolicyObjective, SkipSetting, skips_zero_advantage_rows
 
 __all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig", "RewardModelConfig"]
 
@@ -54,8 +54,8 @@ class OptimConfig:
         min_lr_ratio: the cosine schedule's floor, as a fraction of ``lr``.
     """
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
+    lr: float = 1e-6
+    weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     schedule: str = "constant"
@@ -83,6 +83,10 @@ class ActorConfig:
         forward_micro_batch_size: rows per no-grad forward on one rank (log-probs).
         max_tokens_per_micro_batch: dynamic micro-batching: each micro-batch holds at most this many
             valid tokens per rank.
+        ref_forward_micro_batch_size: rows per forward of the reference policy on one rank
+            (``compute_ref_log_prob``); ignored when ``ref_max_tokens_per_micro_batch`` is set.
+        ref_max_tokens_per_micro_batch: dynamic micro-batching of the reference forward, in valid
+            tokens per rank.
         epochs: passes over each step's rollouts.
         shuffle: shuffle rows between mini-batches (seeded by ``seed``).
         seed: seed of the shuffle.
@@ -95,6 +99,14 @@ class ActorConfig:
         entropy_coef: weight of the entropy bonus.
         kl_loss_coef: weight of a KL-to-reference term in the loss (0 disables it).
         kl_estimator: registered KL estimator for the KL loss.
+        skip_zero_advantage_rows: leave rows whose advantage is zero at every token out of the update's
+            forward and backward (the gradient is unchanged): ``"auto"`` where that is exact, ``True``
+            (refused with a KL loss, an entropy bonus or a covariance-based loss) or ``False``; see
+            `workers.objective.skips_zero_advantage_rows`.
+        rollout_correction: ``"none"``, ``"token"`` or ``"sequence"``: truncated importance weights of
+            the trainer's log-probs against the engine's ``rollout_log_probs`` on the policy loss
+            (`hybridflow.algos.rollout_correction`).
+        rollout_correction_cap: the truncation of those weights.
 
     The three registered names are resolved when the config is built (`objective`), so build it in
     the controller process: a recipe's own policy loss, aggregation mode or KL estimator then reaches
@@ -102,10 +114,12 @@ class ActorConfig:
     """
 
     optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size: int = 8
+    mini_batch_size: int = 64
     micro_batch_size: int = 4
     forward_micro_batch_size: int = 8
     max_tokens_per_micro_batch: int | None = None
+    ref_forward_micro_batch_size: int = 8
+    ref_max_tokens_per_micro_batch: int | None = None
     epochs: int = 1
     shuffle: bool = False
     seed: int = 0
@@ -118,9 +132,12 @@ class ActorConfig:
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
+    skip_zero_advantage_rows: SkipSetting = "auto"
+    rollout_correction: str = "none"
+    rollout_correction_cap: float = 2.0
 
     def __post_init__(self) -> None:
-        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs"):
+        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "ref_forward_micro_batch_size", "epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
         objective = PolicyObjective(
@@ -131,7 +148,11 @@ class ActorConfig:
             self.entropy_coef,
             self.kl_loss_coef,
             self.kl_estimator,
+            self.rollout_correction,
+            self.rollout_correction_cap,
         )
+        # Refused here, on the controller, rather than at the first update.
+        skips_zero_advantage_rows(self.skip_zero_advantage_rows, objective)
         # Not a field (kept out of equality, repr and config dumps) but pickled with the config.
         object.__setattr__(self, "_objective", objective)
 
@@ -162,7 +183,7 @@ class CriticConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size: int = 8
+    mini_batch_size: int = 64
     micro_batch_size: int = 4
     forward_micro_batch_size: int = 8
     max_tokens_per_micro_batch: int | None = None

@@ -36,6 +36,7 @@ from hybridflow.parallel import (
 from hybridflow.protocol import Batch
 from workers.config import CriticConfig, ModelConfig
 from workers.training import (
+    MODEL_INPUTS,
     build_lr_scheduler,
     build_optimizer,
     clip_and_step,
@@ -174,7 +175,7 @@ class CriticWorker(Worker):
 
     # ------------------------------------------------------------------ values
 
-    @register(dispatch=DataParallel())
+    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("values",))
     @on_worker_device
     def compute_values(self, batch: Batch) -> Batch:
         """``values [batch, response_len]`` (unit of the returns) under the current critic, no grad.
@@ -195,7 +196,7 @@ class CriticWorker(Worker):
 
     # ------------------------------------------------------------------ training
 
-    @register(dispatch=DataParallel(allow_padding=False))
+    @register(dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "values", "returns"))
     @on_worker_device
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Regress the values on ``returns``: ``epochs`` passes of mini-batches, each an optimizer step.

@@ -34,7 +34,7 @@ from hybridflow.parallel import on_worker_device, reshard_all
 from hybridflow.protocol import Batch
 from workers.config import RewardModelConfig
 from workers.critic import TokenHeadModel, shard_head_model
-from workers.training import micro_batches, sequence_inputs
+from workers.training import MODEL_INPUTS, micro_batches, sequence_inputs
 
 __all__ = ["RewardModelWorker", "load_score_model", "reward_model_tokens", "sequence_scores"]
 
@@ -107,7 +107,7 @@ class RewardModelWorker(Worker):
             self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path, local_files_only=True)
         return {"init/reward_model_load_s": time.perf_counter() - start}
 
-    @register(dispatch=DataParallel())
+    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("rm_scores", "token_level_rm_scores"))
     @on_worker_device
     def compute_rm_score(self, batch: Batch) -> Batch:
         """Score each prompt + response.

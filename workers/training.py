@@ -25,9 +25,12 @@ from hybridflow.protocol import Batch
 from workers.config import OptimConfig
 
 __all__ = [
+    "MODEL_INPUTS",
     "LogProbGap",
+    "balanced_update_order",
     "build_lr_scheduler",
     "build_optimizer",
+    "carries_advantage",
     "clip_and_step",
     "gather_full_state",
     "global_max",
@@ -37,7 +40,12 @@ __all__ = [
     "mini_batches",
     "save_training_state",
     "sequence_inputs",
+    "update_micro_batches",
 ]
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "responses", "response_mask")
+"""The columns every training-layout forward reads: prompt and response tokens and their masks."""
 
 
 def sequence_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +80,91 @@ def micro_batches(
     count = agree_micro_batch_count(math.ceil(len(batch) / micro_batch_size))
     size = math.ceil(len(batch) / count)
     return batch.chunk(size), torch.arange(len(batch))
+
+
+def carries_advantage(batch: Batch) -> torch.Tensor:
+    """``[batch]`` bool: the rows whose ``advantages`` are non-zero at some valid response token.
+
+    The other rows (zero advantage everywhere, or no valid token) give a policy loss of the form
+    ``-A * f`` exactly zero value and gradient.
+    """
+    return ((batch["advantages"] != 0) & batch["response_mask"].bool()).any(dim=-1)
+
+
+def balanced_update_order(batch: Batch, world_size: int, mini_batch_size: int) -> torch.Tensor:
+    """``[batch]`` row order for `update_actor` that spreads the rows carrying advantage evenly over
+    the data-parallel ranks, by valid tokens (prompt + response); runs on the controller.
+
+    `update_actor` gives rank ``r`` the ``r``-th contiguous share of the rows, takes each rank's part of
+    a mini-batch from consecutive local rows, and leaves zero-advantage rows out of the forward, so a
+    step waits for the rank with the most kept tokens. Within each mini-batch (the same rows, so the
+    same update up to float rounding), the rows carrying advantage are dealt longest first to the rank
+    with the fewest such tokens that has a free slot; the other rows then fill the free slots, longest
+    first to the rank with the fewest tokens in all. Use as ``batch.reorder(order)``. A batch that does
+    not split evenly over the ranks keeps its order (`update_actor` refuses it, naming the sizes).
+    """
+    rows = len(batch)
+    if rows % world_size:
+        return torch.arange(rows)
+    local = rows // world_size
+    local_mini = max(1, min(local, mini_batch_size // world_size))
+    tokens = sequence_inputs(batch)[1].sum(dim=1).cpu().tolist()
+    keep = carries_advantage(batch).cpu().tolist()
+    order = torch.empty(rows, dtype=torch.long)
+    for start in range(0, local, local_mini):
+        size = min(local_mini, local - start)
+        members = [r * local + start + j for r in range(world_size) for j in range(size)]
+        dealt: list[list[int]] = [[] for _ in range(world_size)]
+        kept_load, total_load = [0] * world_size, [0] * world_size
+        for carrying, load in ((True, kept_load), (False, total_load)):
+            for row in sorted((m for m in members if keep[m] == carrying), key=lambda m: -tokens[m]):
+                rank = min((r for r in range(world_size) if len(dealt[r]) < size), key=lambda r: load[r])
+                dealt[rank].append(row)
+                kept_load[rank] += tokens[row] if carrying else 0
+                total_load[rank] += tokens[row]
+        for rank, chosen in enumerate(dealt):
+            order[rank * local + start : rank * local + start + size] = torch.tensor(chosen)
+    return order
+
+
+def update_micro_batches(
+    batch: Batch, keep: torch.Tensor, micro_batch_size: int, max_tokens: int | None
+) -> list[Batch]:
+    """This rank's micro-batches for one gradient step over the rows of ``batch`` where ``keep
+    [batch]`` is true; every rank gets the same number of them (a collective).
+
+    The count is the largest any rank needs for its kept rows (``micro_batch_size`` rows, or
+    ``max_tokens`` valid tokens, per micro-batch), and at least 1; each micro-batch holds at least one
+    row, since FSDP2 runs collectives in every forward and backward. A rank with fewer kept rows than
+    that count borrows left-out rows, shortest prompts first, with their ``response_mask`` zeroed: they
+    run through the model (prompt tokens only) but add nothing to a masked loss, its gradient or its
+    metrics. When no rank kept a row, each runs one borrowed row: the optimizer step then sees the
+    exact zero gradient of the full update, and the loss reports its value, 0.
+    """
+    # Row indices live on the CPU (`Batch.reorder` reads them with numpy); the columns may not.
+    keep = keep.cpu()
+    kept = keep.nonzero().squeeze(-1)
+    tokens = sequence_inputs(batch)[1].sum(dim=1).cpu()
+    if not len(kept):
+        local = 0
+    elif max_tokens is not None:
+        local = len(plan_micro_batches(tokens[kept], max_tokens).micro_batches)
+    else:
+        local = math.ceil(len(kept) / micro_batch_size)
+    count = max(agree_micro_batch_count(local), 1)
+    left_out = (~keep).nonzero().squeeze(-1)
+    prompt_tokens = batch["attention_mask"].sum(dim=1).cpu()
+    borrowed = left_out[prompt_tokens[left_out].argsort(stable=True)][: max(count - len(kept), 0)]
+    rows = batch.reorder(torch.cat([kept, borrowed]))
+    if len(borrowed):
+        # ``reorder`` copied the rows: zeroing the borrowed ones leaves ``batch`` as it was.
+        response_mask = rows.pop("response_mask")["response_mask"]
+        response_mask[len(kept) :] = 0
+        rows = rows | Batch({"response_mask": response_mask})
+    if max_tokens is None:
+        return [rows.reorder(index) for index in torch.arange(len(rows)).tensor_split(count)]
+    plan = plan_micro_batches(sequence_inputs(rows)[1].sum(dim=1), max_tokens, min_micro_batches=count)
+    return [rows.reorder(index) for index in plan.micro_batches]
 
 
 def _all_reduce(value: float | torch.Tensor, op: dist.ReduceOp.RedOpType) -> float:
@@ -109,8 +202,11 @@ class LogProbGap:
             self._max = max(self._max, gap.max().item())
 
     def global_metrics(self) -> dict[str, float]:
-        """The metrics over every rank (a collective: all ranks must call it)."""
+        """The metrics over every rank (a collective: all ranks must call it); none when no rank saw a
+        token (every row was left out of the update)."""
         count = global_sum(self._count)
+        if not count:
+            return {}
         return {
             "sync/log_prob_abs_diff_mean": global_sum(self._sum) / max(count, 1.0),
             "sync/log_prob_abs_diff_max": global_max(self._max),

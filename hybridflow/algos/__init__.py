@@ -25,6 +25,9 @@ Families and their calling conventions
 * Aggregation modes, ``AGGREGATION_MODES``: ``fn(loss_mat, mask, *, global_token_count,
   global_seq_count, norm_constant) -> scalar``. Built in: ``token-mean``, ``seq-mean-token-mean``,
   ``seq-mean-token-sum``, ``seq-mean-token-sum-norm``.
+* Rollout correction (:mod:`hybridflow.algos.rollout_correction`): truncated importance weights of the
+  trainer's log-probs against the rollout engine's, at ``token`` or ``sequence`` level, that multiply
+  the per-token policy loss.
 
 Adding one from a recipe
 ------------------------
@@ -103,6 +106,7 @@ from hybridflow.algos.registry import (
     register_kl_estimator,
     register_policy_loss,
 )
+from hybridflow.algos.rollout_correction import ROLLOUT_CORRECTION_LEVELS, rollout_correction_weights
 from hybridflow.algos.value_loss import clipped_value_loss
 
 __all__ = [
@@ -110,6 +114,7 @@ __all__ = [
     "AGGREGATION_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "ROLLOUT_CORRECTION_LEVELS",
     "AdaptiveKLController",
     "FixedKLController",
     "GroupStats",
@@ -156,6 +161,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "remax",
     "rloo",
+    "rollout_correction_weights",
     "sapo_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum",

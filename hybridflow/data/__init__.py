@@ -14,19 +14,21 @@
 from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.data.chat import render_plain, render_prompt
 from hybridflow.data.collate import PromptCollator
-from hybridflow.data.dataset import PromptDataset
-from hybridflow.data.files import read_rows, write_rows
+from hybridflow.data.dataset import PromptDataset, read_prompt_rows
+from hybridflow.data.files import DataFileError, read_rows, write_rows
 from hybridflow.data.loader import PromptLoader
 from hybridflow.data.sampler import ResumableBatchSampler
 from hybridflow.data.schema import RowFormatError, validate_row
 
 __all__ = [
+    "DataFileError",
     "PromptCollator",
     "PromptDataset",
     "PromptLoader",
     "ResumableBatchSampler",
     "RowFormatError",
     "build_char_tokenizer",
+    "read_prompt_rows",
     "read_rows",
     "render_plain",
     "render_prompt",

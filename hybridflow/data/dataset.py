@@ -17,19 +17,42 @@ from hybridflow.data.schema import RowFormatError, validate_row
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["PromptDataset"]
+__all__ = ["PromptDataset", "read_prompt_rows"]
 
 logger = logging.getLogger(__name__)
+
+
+def read_prompt_rows(
+    path: str | os.PathLike[str], prompt_key: str = "prompt", cache_dir: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows of one dataset file as `PromptDataset` takes them: the ``prompt_key`` column read as
+    the layout's ``prompt`` field, every row checked against :mod:`hybridflow.data.schema`.
+
+    Raises:
+        DataFileError: the file cannot be read as rows (names the file, and the line in jsonl).
+        RowFormatError: a row breaks the layout (names the file, row and field).
+    """
+    rows = []
+    for i, row in enumerate(read_rows(path, cache_dir=cache_dir)):
+        if prompt_key != "prompt":
+            if row.get(prompt_key) is None:
+                raise RowFormatError(i, prompt_key, "is missing (the data.prompt_key column)", str(path))
+            row = {**row, "prompt": row[prompt_key]}
+        validate_row(row, i, where=str(path))
+        rows.append(row)
+    return rows
 
 
 class PromptDataset(Dataset):
     """Prompts for RL rollouts, one item per kept row of the given files.
 
-    Every row is checked against :mod:`hybridflow.data.schema` (a bad row raises
-    :class:`~hybridflow.data.schema.RowFormatError` naming the file, row and field), rendered with the
-    tokenizer's chat template (or the plain fallback of :func:`~hybridflow.data.chat.render_plain`) and
-    tokenized without adding special tokens (the template carries them). Prompts longer than
-    ``max_prompt_length`` tokens are dropped; how many is logged and kept in ``num_filtered``.
+    Every row is read by :func:`read_prompt_rows` and checked against :mod:`hybridflow.data.schema` (a
+    bad row raises :class:`~hybridflow.data.schema.RowFormatError` naming the file, row and field; an
+    unreadable file :class:`~hybridflow.data.files.DataFileError`), rendered with the tokenizer's chat
+    template (or the plain fallback of :func:`~hybridflow.data.chat.render_plain`) and tokenized
+    without adding special tokens (the template carries them). A prompt of no tokens is a
+    `RowFormatError`; prompts longer than ``max_prompt_length`` tokens are dropped, and how many is
+    logged and kept in ``num_filtered``.
 
     Each item is a dict:
 
@@ -61,18 +84,19 @@ class PromptDataset(Dataset):
         if not paths:
             raise ValueError("PromptDataset needs at least one file")
         rows: list[dict[str, Any]] = []
+        origins: list[tuple[str, int]] = []  # (file, row in the file) of each row
         for path in paths:
-            file_rows = read_rows(path, cache_dir=cache_dir)
-            for i, row in enumerate(file_rows):
-                if prompt_key != "prompt":
-                    if row.get(prompt_key) is None:
-                        raise RowFormatError(i, prompt_key, "is missing (the data.prompt_key column)", str(path))
-                    row = {**row, "prompt": row[prompt_key]}
-                validate_row(row, i, where=str(path))
-                rows.append(row)
+            file_rows = read_prompt_rows(path, prompt_key, cache_dir)
+            rows.extend(file_rows)
+            origins.extend((str(path), i) for i in range(len(file_rows)))
 
         texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        empty = next((i for i, ids in enumerate(token_ids) if len(ids) == 0), None)
+        if empty is not None:
+            # Generation needs at least one token to continue from.
+            where, row = origins[empty]
+            raise RowFormatError(row, "prompt", "renders to no tokens with the tokenizer's chat template", where)
 
         self.max_prompt_length = max_prompt_length
         self.num_loaded = len(rows)

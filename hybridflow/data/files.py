@@ -8,9 +8,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["file_format", "read_rows", "write_rows"]
+__all__ = ["DataFileError", "file_format", "read_rows", "write_rows"]
 
 _FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+class DataFileError(ValueError):
+    """A dataset file cannot be read as rows; the message names the file (and the line, in jsonl)."""
 
 
 def file_format(path: str | os.PathLike[str]) -> str:
@@ -24,19 +28,61 @@ def file_format(path: str | os.PathLike[str]) -> str:
 
 
 def read_rows(path: str | os.PathLike[str], cache_dir: str | None = None) -> list[dict[str, Any]]:
-    """All rows of one parquet or jsonl file, read through Hugging Face ``datasets``.
+    """All rows of one parquet or jsonl file: parquet through Hugging Face ``datasets``, jsonl line by
+    line (blank lines skipped), each row as it was written.
+
+    Raises `DataFileError` naming the file (and for jsonl the line) when it cannot be read: a line
+    that is not JSON or not an object, text that is not UTF-8, a parquet file ``datasets`` fails on.
 
     Args:
         path: a ``.parquet``, ``.jsonl`` or ``.json`` (one object per line) file.
         cache_dir: where ``datasets`` keeps its lock and cache files (its default cache if None).
     """
-    import datasets  # deferred: importing datasets takes about a second
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
-    reader = datasets.Dataset.from_parquet if file_format(path) == "parquet" else datasets.Dataset.from_json
-    return reader(str(path), keep_in_memory=True, cache_dir=cache_dir).to_list()
+    if file_format(path) == "json":
+        return _read_jsonl(path)
+    import datasets  # deferred: importing datasets takes about a second
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    # Its progress bar would land on stderr ahead of whatever a command prints there (the config
+    # check reads the rows too).
+    bars_were_on = not are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        return datasets.Dataset.from_parquet(str(path), keep_in_memory=True, cache_dir=cache_dir).to_list()
+    except Exception as error:
+        # datasets reports "An error occurred while generating the dataset"; the reason is its cause.
+        reason = error.__cause__ or error
+        detail = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
+        raise DataFileError(f"file {str(path)!r} cannot be read as parquet rows ({detail})") from error
+    finally:
+        if bars_were_on:
+            enable_progress_bars()
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    # Read here rather than by `datasets`, whose reader fails on a bad line with "An error occurred
+    # while generating the dataset", naming neither the file nor the line.
+    rows = []
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"file {str(path)!r} line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFileError(f"{where}: not UTF-8 text ({error.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataFileError(f"{where}: not valid JSON ({error.msg}, column {error.colno})") from None
+            if not isinstance(row, dict):
+                raise DataFileError(f"{where}: expected a JSON object (one row), got {type(row).__name__}")
+            rows.append(row)
+    return rows
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:

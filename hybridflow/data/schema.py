@@ -6,7 +6,8 @@ One row is a dict with these fields:
 field             required    meaning
 ================  ==========  =========================================================================
 ``data_source``   yes         str; selects the reward function (e.g. ``"synthetic/arithmetic"``)
-``prompt``        yes         non-empty list of chat messages ``{"role": str, "content": str}``
+``prompt``        yes         non-empty list of chat messages ``{"role": str, "content": str}``, at
+                              least one of them with text (not only white space)
 ``reward_model``  yes         dict with ``ground_truth`` (any non-null value) and optionally ``style``
                               (str, ``"rule"`` or ``"model"``)
 ``ability``       no          str, a free label such as ``"math"``
@@ -46,6 +47,9 @@ def _check_messages(messages: Any, row: int, where: str) -> None:
             if not isinstance(message.get(key), str):
                 got = "missing" if message.get(key) is None else f"a {type(message[key]).__name__}"
                 raise RowFormatError(row, f"prompt[{i}].{key}", f"must be a string, got {got}", where)
+    if not any(message["content"].strip() for message in messages):
+        # Nothing to answer; with a template that only joins the contents it is a prompt of no tokens.
+        raise RowFormatError(row, "prompt", "has no text: every message's content is empty or white space", where)
 
 
 def validate_row(row: Mapping[str, Any], index: int, where: str = "") -> None:

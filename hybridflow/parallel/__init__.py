@@ -13,7 +13,7 @@ from hybridflow.parallel.device import (
 )
 from hybridflow.parallel.fsdp import default_mixed_precision, find_decoder_layers, reshard_all, shard_model
 from hybridflow.parallel.launch import run_ranks
-from hybridflow.parallel.logprobs import token_log_probs
+from hybridflow.parallel.logprobs import token_log_probs, token_statistics
 from hybridflow.parallel.mesh import (
     DpRankInfo,
     ParallelMeshes,
@@ -38,6 +38,12 @@ from hybridflow.parallel.offload import (
     offload_optimizer_state,
 )
 from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.token_stats import (
+    TOKEN_STATISTICS,
+    TokenStatistic,
+    register_token_statistic,
+    resolve_token_statistics,
+)
 from hybridflow.parallel.varlen_attention import (
     VARLEN_SDPA,
     sequence_runs,
@@ -47,6 +53,7 @@ from hybridflow.parallel.weights import hf_param_name, iter_buckets, iter_full_s
 
 __all__ = [
     "FLASH_ATTENTION",
+    "TOKEN_STATISTICS",
     "VARLEN_SDPA",
     "DevicePlan",
     "DpRankInfo",
@@ -54,6 +61,7 @@ __all__ = [
     "PackedSequences",
     "ParallelMeshes",
     "TokenLogProbs",
+    "TokenStatistic",
     "TransferStats",
     "agree_micro_batch_count",
     "apply_activation_checkpointing",
@@ -83,11 +91,14 @@ __all__ = [
     "plan_micro_batches",
     "position_ids_from_mask",
     "process_group_device_plan",
+    "register_token_statistic",
     "reshard_all",
+    "resolve_token_statistics",
     "run_ranks",
     "sequence_runs",
     "shard_model",
     "token_log_probs",
+    "token_statistics",
     "unpack_tokens",
     "varlen_sdpa_attention",
 ]

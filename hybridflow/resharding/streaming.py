@@ -139,14 +139,15 @@ class WeightStreamer:
         shape = (rows, *value.shape[1:])
         out = self._slot(shape, local.dtype)
         _all_gather_single(out, local.contiguous(), group=value.device_mesh.get_group())
-        if rows == value.shape[0]:
-            return out
-        # Hand out a tensor of the true shape that still owns the storage reference (not a view).
-        trimmed = torch.empty(0, dtype=out.dtype, device=out.device)
-        trimmed.set_(out.untyped_storage(), out.storage_offset(), value.shape, out.stride())
+        # Hand out a new tensor of the true shape that owns the storage reference (not a view), and
+        # watch that one, not ``out``: the collective's work object can hold ``out`` after the call
+        # returns, until its worker thread gets round to dropping it (with gloo under load, about one
+        # call in eight), and that would make the slot look taken by the engine.
+        handed = torch.empty(0, dtype=out.dtype, device=out.device)
+        handed.set_(out.untyped_storage(), out.storage_offset(), value.shape, out.stride())
         if self._slots and self._slots[-1].tensor() is out:  # a ring slot, not an own allocation
-            self._slots[-1].tensor = weakref.ref(trimmed)
-        return trimmed
+            self._slots[-1].tensor = weakref.ref(handed)
+        return handed
 
     def _slot(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         nbytes = _aligned(torch.Size(shape).numel() * dtype.itemsize)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -93,11 +94,25 @@ class FaultyWorker(Worker):
         return self.rank
 
     @register(dispatch="one_to_all")
-    def exit_on(self, bad_rank: int) -> int:
+    def exit_on(self, bad_rank: int, notice_delay_s: float = 0.0) -> int:
+        """``bad_rank`` exits while the others wait in a collective, which then fails on them. With
+        ``notice_delay_s``, it first closes its connections and lives on that long, so the survivors'
+        error reaches the controller before Ray notices the death (an order a loaded host gives at
+        random)."""
+        if self.rank == bad_rank:
+            if notice_delay_s:
+                dist.destroy_process_group()
+                time.sleep(notice_delay_s)
+            os._exit(3)
+        dist.barrier()
+        return self.rank
+
+    @register(dispatch="one_to_all")
+    def exit_while_others_sleep(self, bad_rank: int, sleep_s: float) -> int:
+        """``bad_rank`` exits while the others are busy for ``sleep_s`` and notice nothing."""
         if self.rank == bad_rank:
             os._exit(3)
-        # The surviving rank waits in a collective that can never complete.
-        dist.barrier()
+        time.sleep(sleep_s)
         return self.rank
 
 

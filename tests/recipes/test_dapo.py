@@ -93,20 +93,20 @@ def test_truncated_samples_carry_no_loss():
     assert dapo.without_truncated_tokens(rows)["response_mask"].sum(-1).tolist() == [4, 0, 4]
 
 
-class AdvantageRecordingActor(ActorRolloutRefWorker):
-    """Records the advantages each update receives (rank 0's rows)."""
+class RowCountingActor(ActorRolloutRefWorker):
+    """Records how many rows each update receives on this rank."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.advantages: list[torch.Tensor] = []
+        self.rows: list[int] = []
 
     def update_actor(self, batch: Batch, **kwargs) -> dict[str, float]:
-        self.advantages.append(batch["advantages"].clone())
+        self.rows.append(len(batch))
         return super().update_actor(batch, **kwargs)
 
-    @register(dispatch="rank_zero")
-    def recorded_advantages(self) -> list[torch.Tensor]:
-        return self.advantages
+    @register(dispatch="one_to_all")
+    def rows_per_update(self) -> list[int]:
+        return self.rows
 
 
 def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_path):
@@ -114,16 +114,25 @@ def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_
     # so some rounds drop groups and sample again.
     root = write_task(tmp_path)
     config = run_config(root, "hf", 2, ["recipe.max_rounds=4", "actor.clip_eps_high=0.28"])
-    with RLTrainer(config, worker_classes={"actor_rollout": AdvantageRecordingActor}) as trainer:
-        trainer.fit(dapo.dapo_step)
-        recorded = trainer.actor.recorded_advantages()
+    trained: list[Batch] = []
+
+    def step(trainer, prompts):
+        rollouts = dapo.dapo_step(trainer, prompts)
+        trained.append(rollouts)
+        return rollouts
+
+    with RLTrainer(config, worker_classes={"actor_rollout": RowCountingActor}) as trainer:
+        trainer.fit(step)
+        rows = trainer.actor.rows_per_update()
     records = read_jsonl(root / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
-    assert len(recorded) == 2
-    for advantages in recorded:
-        # Rank 0 trains the first half of the 16 groups of 8: none of them has all-zero advantages.
-        per_group = advantages.abs().sum(-1).view(-1, 8).sum(-1)
-        assert len(per_group) == 8 and bool((per_group > 0).all())
+    # Both updates trained on the whole kept batch (16 groups of 8, split over 2 ranks) ...
+    assert [sum(per_rank) for per_rank in zip(*rows, strict=True)] == [128, 128]
+    for rollouts in trained:
+        # ... and no group of it scored the same on every sample.
+        scores = rollouts["scores"].view(16, 8)
+        assert bool((scores.max(-1).values > scores.min(-1).values).all())
+        assert rollouts["group_ids"].tolist() == [g for g in range(16) for _ in range(8)]
     for record in records:
         assert record["dapo/prompts_kept"] == 16
         assert record["dapo/rounds"] >= 1

@@ -40,7 +40,7 @@ PPO = CONFIG_DIR / "ppo.yaml"
 def data_files(tmp_path: Path) -> list[str]:
     """Overrides pointing the data section at files that exist (the shipped YAML expects generated data)."""
     train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
-    row = {"data_source": "toy", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+    row = {"data_source": "toy", "prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"ground_truth": "2"}}
     write_rows([row], train)
     write_rows([row], val)
     return [f"data.train_files=[{train}]", f"data.val_files=[{val}]"]
@@ -191,8 +191,8 @@ def test_mini_batch_must_split_over_the_world(data_files):
 
 
 def test_tp_size_must_divide_the_world(data_files):
-    # a model directory instead of the tiny builder, so only the world constrains the TP size
-    problems = problems_of(GRPO, [*data_files, "rollout.tp_size=3", "model.path=/models/any"])
+    # a model (a hub name) instead of the tiny builder, so only the world constrains the TP size
+    problems = problems_of(GRPO, [*data_files, "rollout.tp_size=3", "model.path=org/any-model"])
     assert problems == (
         "rollout.tp_size: 3 does not divide the world size 2 of the actor_rollout pool (valid tp sizes: [1, 2])",
     )

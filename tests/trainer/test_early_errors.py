@@ -14,7 +14,7 @@ from hybridflow.data import write_rows
 from trainer.config import ConfigError, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ROW = {"data_source": "toy", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+ROW = {"data_source": "toy", "prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"ground_truth": "2"}}
 REWARD_FILE = "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
 
 

@@ -14,7 +14,7 @@ from trainer.config import ConfigError, load_config, recipe_field, recipe_settin
 @pytest.fixture
 def data(tmp_path: Path) -> list[str]:
     train = tmp_path / "train.parquet"
-    write_rows([{"data_source": "toy", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}], train)
+    write_rows([{"data_source": "toy", "prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"ground_truth": "2"}}], train)
     return [f"data.train_files=[{train}]", "trainer.val_before_train=false"]
 
 

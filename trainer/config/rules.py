@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from hybridflow.algos import (
     UnknownNameError,
     compares_group_samples,
 )
+from hybridflow.data import DataFileError, RowFormatError, read_prompt_rows
 from hybridflow.data.files import file_format
 from hybridflow.rewards.custom import load_reward_function
 from trainer.config.problems import Problems
@@ -26,6 +29,11 @@ from trainer.config.sizes import check_sizes, unknown_pool
 __all__ = ["check_rules"]
 """Advantage estimators whose baseline is the other samples of the same prompt: with one sample per
 prompt (``rollout.n`` 1) every group has a single member and every advantage is 0."""
+
+# A rule on the sequence length stays quiet when one of these was rejected: their defaults stand in.
+_LENGTH_KEYS = ("data.max_prompt_length", "data.max_response_length")
+# A Hugging Face hub repository name: "name" or "org/name", of letters, digits, "-", "_" and ".".
+_HUB_NAME = re.compile(r"(?!\.)[\w.-]+(/(?!\.)[\w.-]+)?", re.ASCII)
 
 
 def check_rules(config: RunConfig, problems: Problems) -> None:
@@ -57,6 +65,33 @@ def _check_names(config: RunConfig, problems: Problems) -> None:
     _check_name(KL_ESTIMATORS, config.actor.kl_estimator, "actor.kl_estimator", problems)
     if config.critic is not None:
         _check_name(AGGREGATION_MODES, config.critic.loss_agg_mode, "critic.loss_agg_mode", problems)
+    actor, algorithm = config.actor, config.algorithm
+    if actor.policy_loss in POLICY_LOSSES:
+        loss = POLICY_LOSSES.get(actor.policy_loss)
+        # Set by the objective itself, never from the config.
+        reserved = {"loss_agg_mode", "global_token_count", "global_seq_count", "norm_constant"}
+        _check_keywords(loss, actor.policy_loss, actor.policy_loss_kwargs, "actor.policy_loss_kwargs", 4, reserved, problems)
+    if algorithm.adv_estimator in ADVANTAGE_ESTIMATORS:
+        estimator = ADVANTAGE_ESTIMATORS.get(algorithm.adv_estimator)
+        _check_keywords(
+            estimator, algorithm.adv_estimator, algorithm.estimator_kwargs, "algorithm.estimator_kwargs", 1, set(), problems
+        )
+
+
+def _check_keywords(
+    fn: Any, name: str, kwargs: Any, key: str, positional: int, reserved: set[str], problems: Problems
+) -> None:
+    """Every entry of ``kwargs`` must be a keyword parameter of ``fn`` (registered as ``name``) after its
+    ``positional`` data arguments and outside ``reserved``, unless ``fn`` takes ``**kwargs``."""
+    parameters = list(inspect.signature(fn).parameters.values())[positional:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name not in reserved]
+    for given in kwargs:
+        if given not in names:
+            close = difflib.get_close_matches(given, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.add(f"{key}.{given}", f"{name} takes no argument {given!r}{hint}; it takes {', '.join(names)}")
 
 
 def _check_algorithm(config: RunConfig, problems: Problems) -> None:
@@ -96,6 +131,9 @@ def _check_algorithm(config: RunConfig, problems: Problems) -> None:
 
 
 def _check_model(config: RunConfig, problems: Problems) -> None:
+    for key, source in (("model.path", config.model.path), ("model.tokenizer", config.model.tokenizer)):
+        if source is not None and (problem := _model_source_problem(source)) is not None:
+            problems.add(key, problem)
     if config.model.path is not None:
         return
     tiny, tp = config.model.tiny, config.rollout.tp_size
@@ -103,11 +141,13 @@ def _check_model(config: RunConfig, problems: Problems) -> None:
         problems.add(
             "model.tiny.num_heads",
             f"{tiny.num_heads} does not divide model.tiny.hidden_size {tiny.hidden_size}",
+            "model.tiny.hidden_size",
         )
     if tiny.num_heads % tiny.num_kv_heads:
         problems.add(
             "model.tiny.num_kv_heads",
             f"{tiny.num_kv_heads} does not divide model.tiny.num_heads {tiny.num_heads}",
+            "model.tiny.num_heads",
         )
     if tiny.num_kv_heads % tp:
         problems.add(
@@ -121,7 +161,21 @@ def _check_model(config: RunConfig, problems: Problems) -> None:
             "model.tiny.max_position_embeddings",
             f"{tiny.max_position_embeddings} is shorter than data.max_prompt_length + "
             f"data.max_response_length = {longest}",
+            *_LENGTH_KEYS,
         )
+
+
+def _model_source_problem(source: str) -> str | None:
+    """Why ``source`` is neither a folder nor a hub name (``name`` or ``org/name``, fetched when the
+    run starts), or None."""
+    path = Path(source)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"{source!r} is a file, not a folder"
+    if _HUB_NAME.fullmatch(source):
+        return None
+    return f"folder {source!r} not found (nor is it a hub name such as 'org/model')"
 
 
 def _check_data(config: RunConfig, problems: Problems) -> None:
@@ -132,7 +186,7 @@ def _check_data(config: RunConfig, problems: Problems) -> None:
         for i, path in enumerate(paths):
             if not Path(path).is_file():
                 problems.add(f"{key}[{i}]", f"file {path!r} not found")
-            elif (problem := _dataset_file_problem(Path(path))) is not None:
+            elif (problem := _dataset_file_problem(Path(path), config.data.prompt_key)) is not None:
                 problems.add(f"{key}[{i}]", problem)
     top_ks = {
         "rollout.top_k": config.rollout.top_k,
@@ -143,10 +197,11 @@ def _check_data(config: RunConfig, problems: Problems) -> None:
             problems.add(key, "must be -1 (disabled) or >= 1, got 0")
 
 
-def _dataset_file_problem(path: Path) -> str | None:
-    """What keeps an existing dataset file from giving rows (a format not known by its suffix, no
-    bytes, an unreadable parquet footer, no rows), or None. Reads the parquet footer or the jsonl file up
-    to its first non-blank line, not the rows."""
+def _dataset_file_problem(path: Path, prompt_key: str) -> str | None:
+    """What keeps an existing dataset file from giving prompts (a format not known by its suffix, no
+    bytes, an unreadable parquet footer, no rows, a line or row that cannot be read or breaks the row
+    layout: the first one, by file, row and field), or None. Reads the rows as the trainer's
+    `PromptDataset` will, without tokenizing them."""
     try:
         fmt = file_format(path)
     except ValueError as error:
@@ -164,7 +219,13 @@ def _dataset_file_problem(path: Path) -> str | None:
     else:
         with path.open(encoding="utf-8", errors="replace") as lines:
             rows = int(any(line.strip() for line in lines))
-    return f"file {str(path)!r} holds no rows" if rows == 0 else None
+    if rows == 0:
+        return f"file {str(path)!r} holds no rows"
+    try:
+        read_prompt_rows(path, prompt_key)
+    except (DataFileError, RowFormatError) as error:
+        return str(error)
+    return None
 
 
 def _check_roles(config: RunConfig, problems: Problems) -> None:
@@ -181,6 +242,7 @@ def _check_roles(config: RunConfig, problems: Problems) -> None:
                 f"{section}.max_tokens_per_micro_batch",
                 f"{role.max_tokens_per_micro_batch} cannot hold one sequence of data.max_prompt_length + "
                 f"data.max_response_length = {longest} tokens",
+                *_LENGTH_KEYS,
             )
     trained: list[tuple[str, OptimizedRoleConfig | None]] = [
         ("actor", config.actor),
@@ -208,7 +270,9 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
 def _check_trainer(config: RunConfig, problems: Problems) -> None:
     trainer = config.trainer
     if trainer.val_every > 0 and not config.data.val_files:
-        problems.add("trainer.val_every", f"validation every {trainer.val_every} steps needs data.val_files")
+        problems.add(
+            "trainer.val_every", f"validation every {trainer.val_every} steps needs data.val_files", "data.val_files"
+        )
     if trainer.resume not in ("auto", "disable") and not Path(trainer.resume).exists():
         problems.add(
             "trainer.resume", f"checkpoint {trainer.resume!r} does not exist (or use 'auto' / 'disable')"

@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
 from hybridflow.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from hybridflow.metrics.monitor import MonitorConfig
+from hybridflow.resharding.manager import ReshardingConfig as _Resharding
+from hybridflow.rewards.config import RewardConfig as _RewardManager
+from hybridflow.rollout.config import RolloutConfig as _Engine
 from trainer.config.frozen import FrozenMap
+from workers.config import ActorConfig as _Actor
+from workers.config import CriticConfig as _Critic
+from workers.config import ModelConfig as _Model
+from workers.config import OptimConfig as _Optim
+from workers.config import RewardModelConfig as _RewardModel
 
 __all__ = [
     "GLOBAL_POOL",
@@ -58,6 +66,20 @@ def _field(default: Any, *, ge: float | None = None, gt: float | None = None, le
     return field(default=default, metadata={"bounds": bounds})
 
 
+def _default_of(component: type, name: str) -> Any:
+    """The component class's own default for its field ``name``: the one place that setting's default is
+    defined (docs/config.md, "Where defaults live")."""
+    default = component.__dataclass_fields__[name].default
+    if default is MISSING:
+        raise TypeError(f"{component.__name__}.{name} has no default to take")
+    return default
+
+
+def _from(component: type, name: str, **bounds: float) -> Any:
+    """A field with the component's default for ``name`` (`_default_of`) and numeric ``bounds``."""
+    return _field(_default_of(component, name), **bounds)
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """A randomly initialised Qwen2 built by ``hybridflow.models.build_tiny_causal_lm`` (``model.path`` unset).
@@ -86,7 +108,7 @@ class ModelConfig:
     path: str | None = None
     tokenizer: str | None = None
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    dtype: Dtype = "float32"
+    dtype: Dtype = field(default=_default_of(_Model, "dtype"))
 
 
 @dataclass(frozen=True)
@@ -128,24 +150,24 @@ class RolloutConfig:
     estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``), hence the default of 8.
     """
 
-    engine: Literal["vllm", "hf"] = "vllm"
+    engine: Literal["vllm", "hf"] = _from(_Engine, "name")
     n: int = _field(8, ge=1)
     temperature: float = _field(1.0, ge=0)
     top_p: float = _field(1.0, gt=0, le=1)
     top_k: int = _field(-1, ge=-1)
-    tp_size: int = _field(1, ge=1)
-    kv_cache_bytes: int = _field(256 << 20, ge=1)
-    max_num_seqs: int = _field(256, ge=1)
-    max_num_batched_tokens: int | None = _field(None, ge=1)
-    enforce_eager: bool = False
-    cache_dir: str | None = None
-    seed: int = _field(0, ge=0)
+    tp_size: int = _from(_Engine, "tensor_parallel_size", ge=1)
+    kv_cache_bytes: int = _from(_Engine, "kv_cache_memory_bytes", ge=1)
+    max_num_seqs: int = _from(_Engine, "max_num_seqs", ge=1)
+    max_num_batched_tokens: int | None = _from(_Engine, "max_num_batched_tokens", ge=1)
+    enforce_eager: bool = _from(_Engine, "enforce_eager")
+    cache_dir: str | None = _from(_Engine, "cache_dir")
+    seed: int = _from(_Engine, "seed", ge=0)
     val_sampling: ValSamplingConfig = field(default_factory=ValSamplingConfig)
 
 
 @dataclass(frozen=True)
 class OptimizedRoleConfig:
-    """Settings shared by the roles that train (actor, critic): optimizer, batching, precision, offload.
+    """Settings shared by the roles that train (actor, critic): optimizer, batching, precision.
 
     Batch sizes count rows (responses), not prompts: ``ppo_mini_batch_size`` rows across all ranks make
     one optimizer step; ``ppo_micro_batch_size`` rows on one rank make one forward/backward. With
@@ -155,25 +177,22 @@ class OptimizedRoleConfig:
     default compute dtype (bf16 on GPU, fp32 on CPU; `hybridflow.parallel.DevicePlan`).
     """
 
-    lr: float = _field(1e-6, gt=0)
-    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = _field(0, ge=0)
-    min_lr_ratio: float = _field(0.0, ge=0, le=1)
-    weight_decay: float = _field(0.01, ge=0)
-    betas: tuple[float, ...] = (0.9, 0.999)
-    grad_clip: float | None = _field(1.0, gt=0)
-    ppo_mini_batch_size: int = _field(64, ge=1)
-    ppo_micro_batch_size: int = _field(4, ge=1)
+    lr: float = _from(_Optim, "lr", gt=0)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = _from(_Optim, "schedule")
+    warmup_steps: int = _from(_Optim, "warmup_steps", ge=0)
+    min_lr_ratio: float = _from(_Optim, "min_lr_ratio", ge=0, le=1)
+    weight_decay: float = _from(_Optim, "weight_decay", ge=0)
+    betas: tuple[float, ...] = _from(_Optim, "betas")
+    grad_clip: float | None = _from(_Optim, "grad_clip", gt=0)
+    ppo_mini_batch_size: int = _from(_Actor, "mini_batch_size", ge=1)
+    ppo_micro_batch_size: int = _from(_Actor, "micro_batch_size", ge=1)
     dynamic_batching: bool = False
     max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    forward_micro_batch_size: int = _field(8, ge=1)
-    ppo_epochs: int = _field(1, ge=1)
-    shuffle: bool = True
-    param_dtype: Dtype | None = None
-    reduce_dtype: Dtype = "float32"
-    activation_checkpointing: bool = False
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    forward_micro_batch_size: int = _from(_Actor, "forward_micro_batch_size", ge=1)
+    ppo_epochs: int = _from(_Actor, "epochs", ge=1)
+    shuffle: bool = _from(_Actor, "shuffle")
+    param_dtype: Dtype | None = field(default=_default_of(_Model, "param_dtype"))
+    activation_checkpointing: bool = _from(_Model, "activation_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -182,43 +201,62 @@ class ActorConfig(OptimizedRoleConfig):
 
     ``clip_eps_low``/``clip_eps_high`` bound the ratio to ``[1 - low, 1 + high]``; ``dual_clip_c``
     (> 1, null = off) caps the loss of negative-advantage tokens. ``kl_estimator`` and ``kl_loss_coef``
-    apply when ``use_kl_loss`` is true.
+    apply when ``use_kl_loss`` is true. ``policy_loss_kwargs`` passes any other keyword argument of the
+    chosen policy loss (e.g. ``tau_neg`` of ``sapo``), and overrides the three clip keys for it.
+    ``skip_zero_advantage_rows`` leaves rows with zero advantage at every token out of the update
+    (``auto``: where the gradient is provably unchanged; ``true`` is refused with a KL loss, an entropy
+    bonus or a covariance-based loss). ``rollout_correction`` (``token``, ``sequence``) weights the
+    policy loss by truncated importance weights, capped at ``rollout_correction_cap``, of the trainer's
+    log-probs against the engine's. ``param_offload``/``optimizer_offload`` move the parameter shards and
+    the optimizer state to host memory while the engine generates.
     """
 
-    policy_loss: str = "ppo_clip"
+    param_offload: bool = _from(_Resharding, "offload_params")
+    optimizer_offload: bool = _from(_Resharding, "offload_optimizer")
+    policy_loss: str = _from(_Actor, "policy_loss")
     clip_eps_low: float = _field(0.2, ge=0)
     clip_eps_high: float = _field(0.2, ge=0)
     dual_clip_c: float | None = _field(None, gt=1)
-    loss_agg_mode: str = "token-mean"
-    entropy_coef: float = _field(0.0, ge=0)
+    loss_agg_mode: str = _from(_Actor, "loss_agg_mode")
+    entropy_coef: float = _from(_Actor, "entropy_coef", ge=0)
     use_kl_loss: bool = False
     kl_loss_coef: float = _field(0.001, ge=0)
-    kl_estimator: str = "k3"
+    kl_estimator: str = _from(_Actor, "kl_estimator")
+    policy_loss_kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
+    skip_zero_advantage_rows: Literal["auto", True, False] = "auto"
+    rollout_correction: Literal["none", "token", "sequence"] = "none"
+    rollout_correction_cap: float = _field(2.0, gt=0)
 
     def policy_loss_params(self) -> dict[str, Any]:
-        """The clip settings that the chosen policy loss accepts, as its keyword arguments."""
+        """The clip settings that the chosen policy loss accepts, then ``policy_loss_kwargs``, as its
+        keyword arguments."""
         offered = {
             "clip_eps_low": self.clip_eps_low,
             "clip_eps_high": self.clip_eps_high,
             "dual_clip_c": self.dual_clip_c,
         }
-        return _accepted_params(POLICY_LOSSES.get(self.policy_loss), offered, skip_positional=4)
+        accepted = _accepted_params(POLICY_LOSSES.get(self.policy_loss), offered, skip_positional=4)
+        return {**accepted, **self.policy_loss_kwargs}
 
 
 @dataclass(frozen=True)
 class CriticConfig(OptimizedRoleConfig):
-    """The value model (required by the ``gae`` estimator). ``cliprange_value`` null disables clipping."""
+    """The value model (required by the ``gae`` estimator). ``cliprange_value`` null disables clipping.
+
+    Its learning rate defaults higher than the actor's (a freshly initialised value head); that default is
+    the critic's own, defined here.
+    """
 
     lr: float = _field(1e-5, gt=0)
-    cliprange_value: float | None = _field(0.5, gt=0)
-    loss_agg_mode: str = "token-mean"
+    cliprange_value: float | None = _from(_Critic, "cliprange_value", gt=0)
+    loss_agg_mode: str = _from(_Critic, "loss_agg_mode")
 
 
 @dataclass(frozen=True)
 class RefConfig:
     """The frozen reference policy, used when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``."""
 
-    forward_micro_batch_size: int = _field(8, ge=1)
+    forward_micro_batch_size: int = _from(_Actor, "ref_forward_micro_batch_size", ge=1)
     dynamic_batching: bool = False
     max_tokens_per_micro_batch: int = _field(8192, ge=1)
     param_offload: bool = False
@@ -243,15 +281,15 @@ class RewardConfig:
     calls stops the run (null: never).
     """
 
-    default_fn: str = "exact_match"
+    default_fn: str = _from(_RewardManager, "default_fn")
     fn_by_source: Mapping[str, str] = field(default_factory=FrozenMap)
-    timeout_s: float = _field(10.0, gt=0)
-    fallback_score: float = 0.0
-    num_workers: int = _field(2, ge=1)
-    kill_grace_s: float = _field(2.0, gt=0)
+    timeout_s: float = _from(_RewardManager, "timeout_s", gt=0)
+    fallback_score: float = _from(_RewardManager, "fallback_score")
+    num_workers: int = _from(_RewardManager, "num_workers", ge=1)
+    kill_grace_s: float = _from(_RewardManager, "kill_grace_s", gt=0)
     shaping: tuple[ShapingConfig, ...] = ()
-    abort_failure_rate: float | None = _field(1.0, gt=0, le=1)
-    abort_window: int = _field(3, ge=1)
+    abort_failure_rate: float | None = _from(_RewardManager, "abort_failure_rate", gt=0, le=1)
+    abort_window: int = _from(_RewardManager, "abort_window", ge=1)
 
 
 @dataclass(frozen=True)
@@ -269,12 +307,12 @@ class RewardModelConfig:
     """
 
     path: str | None = None
-    tokenizer: str | None = None
+    tokenizer: str | None = _from(_RewardModel, "tokenizer_path")
     weight: float = 1.0
-    forward_micro_batch_size: int = _field(8, ge=1)
+    forward_micro_batch_size: int = _from(_RewardModel, "micro_batch_size", ge=1)
     dynamic_batching: bool = False
     max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    param_dtype: Dtype | None = None
+    param_dtype: Dtype | None = field(default=_default_of(_Model, "param_dtype"))
 
 
 @dataclass(frozen=True)
@@ -292,7 +330,8 @@ class AlgorithmConfig:
     """The advantage estimator and the KL penalty folded into the reward.
 
     ``gamma``, ``lam`` and ``norm_by_std`` are passed to the estimator when it takes them (see
-    :meth:`advantage_params`). ``kl_penalty`` names the KL estimator of the in-reward penalty.
+    :meth:`advantage_params`), and ``estimator_kwargs`` passes any other keyword argument of it (e.g.
+    ``k`` of ``pass_at_k``). ``kl_penalty`` names the KL estimator of the in-reward penalty.
     """
 
     adv_estimator: str = "grpo"
@@ -302,11 +341,14 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    estimator_kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
 
     def advantage_params(self) -> dict[str, Any]:
-        """The estimator parameters that the chosen estimator accepts, as its keyword arguments."""
+        """The estimator parameters that the chosen estimator accepts, then ``estimator_kwargs``, as its
+        keyword arguments."""
         offered = {"gamma": self.gamma, "lam": self.lam, "norm_by_std": self.norm_by_std}
-        return _accepted_params(ADVANTAGE_ESTIMATORS.get(self.adv_estimator), offered, skip_positional=1)
+        accepted = _accepted_params(ADVANTAGE_ESTIMATORS.get(self.adv_estimator), offered, skip_positional=1)
+        return {**accepted, **self.estimator_kwargs}
 
 
 @dataclass(frozen=True)
@@ -353,8 +395,8 @@ class ResharderConfig:
     (``sync/log_prob_abs_diff_max``) exceeds it: a sign that the weight push went wrong.
     """
 
-    bucket_bytes: int = _field(16 << 20, ge=1)
-    free_kv_cache: bool = True
+    bucket_bytes: int = _from(_Resharding, "bucket_bytes", ge=1)
+    free_kv_cache: bool = _from(_Resharding, "free_kv_cache")
     max_log_prob_gap: float | None = _field(None, gt=0)
 
 
@@ -384,7 +426,8 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class RunConfig:
     """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``);
-    ``reward_model`` null means no reward model (the reward functions alone score)."""
+    ``reward_model`` null means no reward model (the reward functions alone score). ``recipe`` holds a
+    recipe's own settings, read and checked by the recipe (`trainer.config.recipe_settings`)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -398,6 +441,7 @@ class RunConfig:
     resource: ResourceConfig = field(default_factory=ResourceConfig)
     resharding: ResharderConfig = field(default_factory=ResharderConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    recipe: Mapping[str, Any] = field(default_factory=FrozenMap)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     @property

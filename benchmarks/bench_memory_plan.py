@@ -1,0 +1,416 @@
+"""The memory planner (`trainer.plan`) against the memory that real ranks use, phase by phase.
+
+For each run config below, two ranks in a gloo group (spawned processes, no Ray) each build the
+trainer's own worker objects with the trainer's own settings (`trainer.roles`): the colocated
+`ActorRolloutRefWorker` (FSDP2 actor, vLLM engine, reference policy when the config needs one) and
+`CriticWorker` when it has a critic. Then they run two steps of the trainer's phases in the trainer's
+order (`trainer.algorithms.rl_step`): generation (both layout switches), log-probs, reference
+log-probs, values, critic update, actor update. Prompts have ``data.max_prompt_length`` tokens;
+the training phases get responses of ``data.max_response_length`` tokens with every token valid, the
+worst case the planner assumes.
+
+What is compared. On CPU a process's resident memory includes what any process of the library holds
+before it loads a model (Python, torch, vLLM's modules, the process groups and device meshes: about
+0.5 GiB). The planner leaves that baseline out, so the measurement does too: each rank records its
+anonymous resident memory (``/proc/self/statm`` resident minus shared, so memory-mapped weight files
+and libraries do not count) once its workers are constructed and before ``init_model``, and every
+phase's figure is the phase's peak (sampled every millisecond, freed heap handed back before each
+phase) minus that baseline. Figures are the larger rank's, from the second step (the steady state:
+the optimizer state exists), next to the planner's total for the same phase.
+
+``--runtime`` measures the vLLM engine's own memory (besides weights and KV cache) that the planner
+carries as a constant (`trainer.plan.VLLM_CPU_RUNTIME_BYTES`), on a model whose weights are negligible.
+
+Run:  python benchmarks/bench_memory_plan.py [--configs grpo-32k ppo-ckpt-tp2 grpo-bf16-dynamic]
+      [--runtime] [--json out.json]
+Results and their reading: docs/benchmarks.md, docs/planning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+CACHE_DIR = REPO_ROOT / ".cache"
+MIB = 2**20
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+_COMMON = [
+    "resource.nodes=1",
+    "resource.slots_per_node=2",
+    "rollout.engine=vllm",
+    "rollout.temperature=1.0",
+    f"rollout.cache_dir={CACHE_DIR}",
+    "reward.num_workers=1",
+    "trainer.total_steps=2",
+    "trainer.loggers=[jsonl]",
+]
+
+CONFIGS: dict[str, list[str]] = {
+    # A 56M Qwen2 with a 32k vocabulary: the chunked logit head is the largest activation.
+    "grpo-32k": [
+        "model.tiny.vocab_size=32000",
+        "model.tiny.hidden_size=512",
+        "model.tiny.num_layers=8",
+        "model.tiny.num_heads=8",
+        "model.tiny.num_kv_heads=4",
+        "model.tiny.intermediate_size=1408",
+        "model.tiny.max_position_embeddings=128",
+        "data.max_prompt_length=32",
+        "data.max_response_length=64",
+        "data.train_batch_size=16",
+        "rollout.n=4",
+        "rollout.tp_size=1",
+        "rollout.kv_cache_bytes=134217728",
+        "rollout.max_num_seqs=64",
+        "actor.ppo_mini_batch_size=64",
+        "actor.ppo_micro_batch_size=8",
+        "actor.forward_micro_batch_size=16",
+        "actor.weight_decay=0.0",
+    ],
+    # PPO: critic and reference colocated with the actor, activation checkpointing, one engine over
+    # both ranks, a character vocabulary, two optimizer steps per batch (so a log-prob pass).
+    "ppo-ckpt-tp2": [
+        "model.tiny.hidden_size=768",
+        "model.tiny.num_layers=6",
+        "model.tiny.num_heads=12",
+        "model.tiny.num_kv_heads=4",
+        "model.tiny.intermediate_size=2048",
+        "model.tiny.max_position_embeddings=256",
+        "data.max_prompt_length=64",
+        "data.max_response_length=128",
+        "data.train_batch_size=16",
+        "rollout.n=2",
+        "rollout.tp_size=2",
+        "rollout.kv_cache_bytes=67108864",
+        "rollout.max_num_seqs=32",
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_in_reward=true",
+        "actor.ppo_mini_batch_size=16",
+        "actor.ppo_micro_batch_size=4",
+        "actor.forward_micro_batch_size=8",
+        "actor.activation_checkpointing=true",
+        "critic.ppo_mini_batch_size=16",
+        "critic.ppo_micro_batch_size=4",
+        "critic.forward_micro_batch_size=8",
+        "critic.activation_checkpointing=true",
+    ],
+    # bf16 compute on fp32 master weights, token-budget micro-batches, a KL loss (reference policy)
+    # and an entropy bonus.
+    "grpo-bf16-dynamic": [
+        "model.tiny.vocab_size=16384",
+        "model.tiny.hidden_size=512",
+        "model.tiny.num_layers=8",
+        "model.tiny.num_heads=8",
+        "model.tiny.num_kv_heads=2",
+        "model.tiny.intermediate_size=1536",
+        "model.tiny.max_position_embeddings=256",
+        "data.max_prompt_length=48",
+        "data.max_response_length=80",
+        "data.train_batch_size=16",
+        "rollout.n=4",
+        "rollout.tp_size=1",
+        "rollout.kv_cache_bytes=67108864",
+        "rollout.max_num_seqs=64",
+        "actor.param_dtype=bfloat16",
+        "actor.ppo_mini_batch_size=64",
+        "actor.dynamic_batching=true",
+        "actor.max_tokens_per_micro_batch=2048",
+        "actor.use_kl_loss=true",
+        "actor.entropy_coef=0.001",
+    ],
+}
+
+# A model whose weights are a few hundred KiB: what the engine holds besides them is its runtime.
+RUNTIME_CONFIG = [
+    "model.tiny.hidden_size=64",
+    "model.tiny.num_layers=2",
+    "model.tiny.num_heads=2",
+    "model.tiny.num_kv_heads=2",
+    "model.tiny.intermediate_size=128",
+    "model.tiny.max_position_embeddings=64",
+    "data.max_prompt_length=16",
+    "data.max_response_length=16",
+    "data.train_batch_size=16",
+    "rollout.n=2",
+    "rollout.tp_size=1",
+    "rollout.kv_cache_bytes=33554432",
+    "rollout.max_num_seqs=32",
+    "actor.ppo_mini_batch_size=32",
+    "actor.ppo_micro_batch_size=8",
+]
+
+
+# ---------------------------------------------------------------------------------------- one rank
+
+
+def _anon_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        fields = statm.read().split()
+    return (int(fields[1]) - int(fields[2])) * _PAGE
+
+
+class _PeakSampler:
+    """Highest anonymous resident memory of this process while the block runs (sampled every 1 ms)."""
+
+    def __enter__(self) -> _PeakSampler:
+        from hybridflow.resharding.memory import return_freed_host_memory
+
+        return_freed_host_memory()
+        self.peak = _anon_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _anon_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _anon_bytes())
+
+
+def _build_workers(config, model_dir: Path) -> tuple[Any, Any]:
+    """The actor and critic workers with the arguments `trainer.roles.build_worker_groups` gives them."""
+    from hybridflow.resharding.manager import ReshardingConfig
+    from trainer.config import derive_sizes
+    from trainer.roles import actor_settings, critic_settings, engine_settings
+    from workers.actor import ActorRolloutRefWorker
+    from workers.config import ModelConfig
+    from workers.critic import CriticWorker
+
+    sizes, steps = derive_sizes(config), config.trainer.total_steps
+    model = ModelConfig(
+        path=str(model_dir),
+        dtype=config.model.dtype,
+        activation_checkpointing=config.actor.activation_checkpointing,
+        param_dtype=config.actor.param_dtype,
+    )
+    resharding = ReshardingConfig(
+        bucket_bytes=config.resharding.bucket_bytes,
+        offload_optimizer=config.actor.optimizer_offload,
+        offload_params=config.actor.param_offload,
+    )
+    actor = ActorRolloutRefWorker(
+        model,
+        actor_settings(config, sizes, steps),
+        engine_settings(config),
+        resharding,
+        with_ref=config.needs_reference,
+        offload_ref=config.ref.param_offload,
+    )
+    critic = (
+        CriticWorker(critic_settings(config, sizes, steps, model_dir)) if config.critic is not None else None
+    )
+    return actor, critic
+
+
+def _rollout_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int):
+    """Full-length prompts and responses (every token valid), advantages and returns."""
+    import torch
+
+    from hybridflow.protocol import Batch
+
+    generator = torch.Generator().manual_seed(seed)
+    return Batch(
+        {
+            "input_ids": torch.randint(4, vocab, (rows, prompt_len), generator=generator),
+            "attention_mask": torch.ones(rows, prompt_len, dtype=torch.long),
+            "responses": torch.randint(4, vocab, (rows, response_len), generator=generator),
+            "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+            "advantages": torch.randn(rows, response_len, generator=generator),
+            "returns": torch.randn(rows, response_len, generator=generator),
+        }
+    )
+
+
+def _rank_job(rank: int, world: int, overrides: list[str], model_dir: str, steps: int) -> dict[str, Any]:
+    import torch
+
+    import hybridflow.rollout.vllm_engine  # noqa: F401  (library imports belong to the process baseline)
+    from hybridflow.controller.worker import WorkerContext, install_context
+    from hybridflow.protocol import Batch
+    from hybridflow.resharding.memory import return_freed_host_memory
+    from hybridflow.rollout.sampling import SamplingParams
+    from trainer.config import derive_sizes, load_config
+
+    install_context(
+        WorkerContext(
+            rank=rank,
+            world_size=world,
+            local_rank=rank,
+            master_addr="127.0.0.1",
+            master_port=int(os.environ["MASTER_PORT"]),
+            use_gpu=False,
+        )
+    )
+    config = load_config(None, overrides)
+    sizes = derive_sizes(config)
+    data, rollout = config.data, config.rollout
+    actor, critic = _build_workers(config, Path(model_dir))
+    return_freed_host_memory()
+    baseline = _anon_bytes()
+    measured: dict[str, Any] = {"baseline_mib": baseline / MIB}
+
+    def phase(name: str, method, *args, **kwargs):
+        with _PeakSampler() as sampler:
+            result = method(*args, **kwargs)
+        measured.setdefault(name, []).append((sampler.peak - baseline) / MIB)
+        return result
+
+    def init_models() -> None:
+        actor.init_model()
+        if critic is not None:
+            critic.init_model()
+
+    phase("init_model", init_models)
+    return_freed_host_memory()
+    measured["after_init_mib"] = (_anon_bytes() - baseline) / MIB
+    tokenizer_vocab = 100  # ids every vocabulary here has (the character tokenizer's)
+    dp_rank = rank // sizes.rollout_tp_size
+    prompts_per_engine = sizes.prompts_per_rollout_dp_rank
+    sampling = SamplingParams(
+        n=rollout.n, temperature=rollout.temperature, max_new_tokens=data.max_response_length, seed=0
+    )
+    needs_old = sizes.actor.optimizer_steps_per_step > 1 or config.algorithm.use_kl_in_reward
+    model_inputs = ("input_ids", "attention_mask", "responses", "response_mask")
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(1000 * step + dp_rank)
+        shape = (prompts_per_engine, data.max_prompt_length)
+        prompts = Batch(
+            {
+                "input_ids": torch.randint(4, tokenizer_vocab, shape, generator=generator),
+                "attention_mask": torch.ones(shape, dtype=torch.long),
+            }
+        )
+        phase("generation", actor.generate_sequences, prompts, sampling)
+        batch = _rollout_batch(
+            sizes.rows_per_step // world,
+            data.max_prompt_length,
+            data.max_response_length,
+            tokenizer_vocab,
+            100 * step + rank,
+        )
+        inputs = batch.select(*model_inputs)
+        if needs_old:
+            batch = batch | phase("log_prob", actor.compute_log_prob, inputs, temperature=rollout.temperature)
+        if config.needs_reference:
+            batch = batch | phase("ref", actor.compute_ref_log_prob, inputs, temperature=rollout.temperature)
+        if critic is not None:
+            batch = batch | phase("values", critic.compute_values, inputs)
+            phase("critic_update", critic.update_critic, batch.select(*model_inputs, "values", "returns"))
+        extra = [c for c in ("old_log_probs", "ref_log_probs") if c in batch]
+        update_batch = batch.select(*model_inputs, "advantages", *extra)
+        phase("update", actor.update_actor, update_batch, temperature=rollout.temperature)
+    return measured
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+
+def _measure(overrides: list[str], steps: int) -> tuple[Any, list[dict[str, Any]]]:
+    from hybridflow.data import write_rows
+    from hybridflow.parallel.launch import run_ranks
+    from trainer.config import load_config
+    from trainer.model_setup import prepare_model_dir
+    from trainer.plan import plan_memory
+
+    with tempfile.TemporaryDirectory(prefix="bench_memory_plan_") as tmp:
+        rows = [
+            {
+                "data_source": "bench",
+                "prompt": [{"role": "user", "content": "1+1="}],
+                "reward_model": {"ground_truth": "2"},
+            }
+        ] * 4
+        write_rows(rows, Path(tmp) / "train.parquet")
+        full = [
+            *_COMMON,
+            f"data.train_files=[{Path(tmp) / 'train.parquet'}]",
+            f"trainer.output_dir={tmp}/out",
+            *overrides,
+        ]
+        config = load_config(None, full)
+        plan = plan_memory(config)
+        model_dir = prepare_model_dir(config, Path(tmp) / "out")
+        measured = run_ranks(_rank_job, 2, full, str(model_dir), steps, timeout_s=1800)
+    return plan, measured
+
+
+def _compare(name: str, plan: Any, measured: list[dict[str, Any]]) -> dict[str, Any]:
+    process = plan.processes[0]
+    rows = []
+    print(
+        f"\n{name}: estimate vs measured peak per rank (MiB above the process baseline, larger rank, step 2)"
+    )
+    print(f"{'phase':<14} {'estimate':>9} {'measured':>9} {'measured/estimate':>18}   peak moment (estimate)")
+    for estimate in process.phases:
+        values = [rank[estimate.phase][-1] for rank in measured if estimate.phase in rank]
+        if not values:
+            continue
+        observed, expected = max(values), estimate.total / MIB
+        rows.append(
+            {
+                "phase": estimate.phase,
+                "estimate_mib": expected,
+                "measured_mib": observed,
+                "moment": estimate.moment,
+            }
+        )
+        print(
+            f"{estimate.phase:<14} {expected:>9.1f} {observed:>9.1f} {observed / expected:>18.2f}   {estimate.moment}"
+        )
+    peak_estimate = max(rows, key=lambda r: r["estimate_mib"])
+    peak_measured = max(rows, key=lambda r: r["measured_mib"])
+    print(
+        f"peak phase: estimated {peak_estimate['phase']} {peak_estimate['estimate_mib']:.1f} MiB, measured "
+        f"{peak_measured['phase']} {peak_measured['measured_mib']:.1f} MiB "
+        f"(ratio {peak_measured['measured_mib'] / peak_estimate['estimate_mib']:.2f})"
+    )
+    baselines = [rank["baseline_mib"] for rank in measured]
+    return {"config": name, "phases": rows, "baseline_mib": baselines, "raw": measured}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        "--runtime", action="store_true", help="measure the vLLM engine's runtime memory instead"
+    )
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    results = []
+    if args.runtime:
+        from trainer.plan import VLLM_CPU_RUNTIME_BYTES
+
+        plan, measured = _measure(RUNTIME_CONFIG, steps=0)
+        held = plan.processes[0].phases[0].components
+        modelled = sum(held.get(key, 0) for key in ("actor params", "reference params", "engine weights"))
+        for rank in measured:
+            runtime = rank["after_init_mib"] - modelled / MIB
+            print(
+                f"engine runtime: {runtime:.1f} MiB (planner constant {VLLM_CPU_RUNTIME_BYTES / MIB:.1f} MiB)"
+            )
+            results.append({"runtime_mib": runtime, "raw": rank})
+    for name in args.configs if not args.runtime else ():
+        plan, measured = _measure(CONFIGS[name], steps=2)
+        results.append(_compare(name, plan, measured))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

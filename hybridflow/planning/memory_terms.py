@@ -1,0 +1,217 @@
+"""Bytes of each memory component of one rank, as pure functions of shapes, sizes and dtypes.
+
+Each function models what the library's own code allocates (FSDP2 via `hybridflow.parallel.shard_model`,
+AdamW, the packed forward of `hybridflow.parallel.packed_log_probs`, the chunked log-prob head, vLLM's
+weights). Sizes are bytes; ``itemsize`` is the bytes of one element of the dtype involved (4 for fp32,
+2 for bf16). The constants were read off the operations and checked against measurements
+(docs/planning.md): per token, what autograd saves for backward (counted with
+``torch.autograd.graph.saved_tensors_hooks`` on a real Qwen2), and the logit head's peak (resident-set
+sampling around `hybridflow.parallel.logprobs`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from hybridflow.planning.model_shape import ModelShape
+
+__all__ = [
+    "AttentionKind",
+    "adamw_state_bytes",
+    "backward_temporary_bytes",
+    "engine_activation_bytes",
+    "engine_weight_bytes",
+    "forward_temporary_bytes",
+    "fsdp_shard_bytes",
+    "fsdp_unsharded_bytes",
+    "hf_generate_cache_bytes",
+    "layer_saved_bytes_per_token",
+    "logit_head_bytes",
+    "model_saved_bytes_per_token",
+    "packed_run_tokens",
+    "saved_activation_bytes",
+]
+
+AttentionKind = Literal["varlen_sdpa", "flash"]
+"""The training attention: ``varlen_sdpa`` (`hybridflow.parallel.varlen_attention`, CPU and GPUs without
+flash-attn) or ``flash`` (flash-attn's varlen kernel)."""
+
+_FP32 = 4
+_INDEX = 8  # int64 token ids and labels
+VOCAB_PADDING = 64
+"""vLLM pads the vocabulary of its embedding and LM head to a multiple of this before the tp split."""
+
+
+def _numel(dims: Sequence[int]) -> int:
+    return math.prod(dims)
+
+
+def fsdp_shard_bytes(shapes: Iterable[Sequence[int]], world: int, itemsize: int) -> int:
+    """Bytes of the FSDP2 shards of ``shapes`` on the largest rank (rank 0).
+
+    FSDP2 splits each tensor along dim 0 into ``world`` chunks of ``ceil(dim0 / world)`` rows and pads
+    every rank's storage to that chunk, so a tensor of 3 rows over 2 ranks costs 2 rows on each.
+    """
+    return sum(math.ceil(dims[0] / world) * _numel(dims[1:]) * itemsize for dims in shapes)
+
+
+def fsdp_unsharded_bytes(shapes: Iterable[Sequence[int]], world: int, itemsize: int) -> int:
+    """Bytes of ``shapes`` all-gathered by FSDP2 (each padded to a multiple of ``world`` rows)."""
+    return sum(math.ceil(dims[0] / world) * world * _numel(dims[1:]) * itemsize for dims in shapes)
+
+
+def adamw_state_bytes(shapes: Iterable[Sequence[int]], world: int, itemsize: int) -> int:
+    """AdamW's ``exp_avg`` and ``exp_avg_sq`` of the FSDP2 shards: two shard copies in the master dtype.
+
+    The scalar ``step`` counts are left out (a few bytes per tensor).
+    """
+    return 2 * fsdp_shard_bytes(shapes, world, itemsize)
+
+
+def packed_run_tokens(sequence_tokens: int, micro_tokens: int, group_tokens: int) -> int:
+    """Tokens of one masked attention call of the varlen SDPA, 0 when every call is one sequence.
+
+    `hybridflow.parallel.varlen_attention` groups consecutive packed sequences into runs of at most
+    ``group_tokens`` tokens; a run of several sequences carries a ``[run, run]`` mask, a run of one
+    sequence none. Rows of ``sequence_tokens`` tokens in a micro-batch of ``micro_tokens`` fill runs of
+    ``min(floor(group / sequence), rows)`` sequences.
+    """
+    if sequence_tokens <= 0:
+        return 0
+    per_run = min(group_tokens // sequence_tokens, micro_tokens // sequence_tokens)
+    return per_run * sequence_tokens if per_run >= 2 else 0
+
+
+def layer_saved_bytes_per_token(
+    shape: ModelShape, compute_itemsize: int, attention: AttentionKind, run_tokens: int
+) -> int:
+    """Bytes one decoder layer saves for backward per token (no activation checkpointing).
+
+    Per token, with ``c = compute_itemsize``: each RMSNorm keeps its fp32 input, its fp32 ``rsqrt``
+    and two normalised copies in ``c`` (``2 * (4h + 4 + 2ch)``); attention keeps the rotated query
+    and key, the value and its output (``c * (2 q_dim + 2 kv_dim)``) and the fp32 log-sum-exp per
+    head; the gated MLP keeps gate, activation, up and their product (``4 c I``). The varlen SDPA
+    adds the contiguous copy of the output that ``o_proj`` keeps and, for runs of several short
+    sequences, one row of the run's mask per token (``run_tokens * c``). Qwen3's per-head norms keep
+    their input and output of queries and keys.
+    """
+    c, h = compute_itemsize, shape.hidden_size
+    norms = 2 * (_FP32 * h + _FP32 + 2 * c * h)
+    attention_bytes = c * (2 * shape.q_dim + 2 * shape.kv_dim) + _FP32 * shape.num_heads
+    if attention == "varlen_sdpa":
+        attention_bytes += c * shape.q_dim + c * run_tokens
+    if shape.qk_norm:
+        attention_bytes += (_FP32 + c) * (shape.q_dim + shape.kv_dim)
+        attention_bytes += _FP32 * (shape.num_heads + shape.num_kv_heads)
+    return norms + attention_bytes + 4 * c * shape.intermediate_size
+
+
+def model_saved_bytes_per_token(shape: ModelShape, compute_itemsize: int) -> int:
+    """Bytes saved per token outside the decoder layers: token ids, labels and the packed tokens'
+    indices (int64), the rotary ``cos`` and ``sin``, the final RMSNorm (whose output the chunked head
+    keeps) and the packed output's sequence-start mask (bool)."""
+    c, h = compute_itemsize, shape.hidden_size
+    return 3 * _INDEX + 2 * shape.head_dim * c + _FP32 * h + _FP32 + 2 * c * h + 1
+
+
+def saved_activation_bytes(
+    shape: ModelShape,
+    tokens: int,
+    compute_itemsize: int,
+    attention: AttentionKind,
+    run_tokens: int,
+    checkpointing: bool,
+) -> int:
+    """Bytes autograd holds at the end of a forward over ``tokens`` packed tokens.
+
+    Without checkpointing every layer keeps `layer_saved_bytes_per_token`; with activation
+    checkpointing each layer keeps only its input hidden states (``c * h`` per token), and backward
+    later recomputes one layer's full set at a time (not counted here).
+    """
+    if checkpointing:
+        per_layer = compute_itemsize * shape.hidden_size
+    else:
+        per_layer = layer_saved_bytes_per_token(shape, compute_itemsize, attention, run_tokens)
+    return tokens * (shape.num_layers * per_layer + model_saved_bytes_per_token(shape, compute_itemsize))
+
+
+def backward_temporary_bytes(shape: ModelShape, tokens: int, compute_itemsize: int) -> int:
+    """Gradients in flight inside one layer's backward: about three ``[tokens, I]`` and two
+    ``[tokens, h]`` tensors (the MLP's input gradients and the gradient flowing between layers)."""
+    return tokens * compute_itemsize * (3 * shape.intermediate_size + 2 * shape.hidden_size)
+
+
+def forward_temporary_bytes(shape: ModelShape, tokens: int, compute_itemsize: int) -> int:
+    """Peak intermediates of one layer's no-grad forward: the hidden state, the residual and the
+    normalised input, and the MLP's activation, up projection and their product."""
+    return tokens * compute_itemsize * (3 * shape.intermediate_size + 3 * shape.hidden_size)
+
+
+def logit_head_bytes(
+    vocab_size: int, tokens: int, chunk_size: int | None, *, with_grad: bool, with_entropy: bool
+) -> int:
+    """Peak bytes of the chunked log-prob head (`hybridflow.parallel.logprobs`) over ``tokens`` tokens.
+
+    At most ``chunk`` tokens have logits at once. Measured per logit (fp32 and bf16 compute alike):
+    8 bytes without grad (the fp32 logits and ``logsumexp``'s temporary), 12 with the entropy; 20
+    under grad, where backward recomputes the chunk and holds the logits, their gradient and the
+    scatter of the label term. The head's weight gradient is counted with the unsharded gradients.
+    """
+    chunk = min(chunk_size or tokens, tokens)
+    per_logit = 20 if with_grad else 12 if with_entropy else 8
+    return chunk * vocab_size * per_logit
+
+
+def _padded_vocab(vocab_size: int) -> int:
+    return math.ceil(vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+
+
+def engine_weight_bytes(shape: ModelShape, tp_size: int, itemsize: int, *, host_prepack: bool) -> int:
+    """Bytes of one tensor-parallel rank's weights in a vLLM engine.
+
+    The embedding and the LM head are padded to `VOCAB_PADDING` rows and split over ``tp_size``;
+    projections are split over ``tp_size`` (column or row), norms are replicated. ``host_prepack``
+    (vLLM's CPU build) adds the packed copy of the embedding and the head that its GEMM dispatch
+    keeps next to the original (it drops the original only for linear layers).
+    """
+    h = shape.hidden_size
+    vocab_rows = _padded_vocab(shape.vocab_size) // tp_size
+    heads = 1 if shape.tie_word_embeddings else 2
+    vocab_params = heads * vocab_rows * h
+    q, kv, inter = shape.q_dim, shape.kv_dim, shape.intermediate_size
+    per_layer = ((q + 2 * kv) * h + h * q + 3 * inter * h) // tp_size + 2 * h
+    if shape.qkv_bias:
+        per_layer += (q + 2 * kv) // tp_size
+    if shape.o_bias:
+        per_layer += h
+    if shape.mlp_bias:
+        per_layer += 2 * inter // tp_size + h
+    if shape.qk_norm:
+        per_layer += 2 * shape.head_dim
+    total = vocab_params + shape.num_layers * per_layer + h
+    if host_prepack:
+        total += vocab_params
+    return total * itemsize
+
+
+def engine_activation_bytes(
+    shape: ModelShape, step_tokens: int, sampled_rows: int, tp_size: int, itemsize: int
+) -> int:
+    """Intermediates of one vLLM step: ``step_tokens`` tokens through a layer (hidden states, fused
+    q/k/v, fused gate/up and the MLP output) and fp32 logits with their softmax for ``sampled_rows``
+    sequences."""
+    width = 3 * shape.hidden_size + (shape.q_dim + 2 * shape.kv_dim + 3 * shape.intermediate_size) // tp_size
+    logits = 2 * sampled_rows * _padded_vocab(shape.vocab_size) * _FP32
+    return step_tokens * width * itemsize + logits
+
+
+def hf_generate_cache_bytes(
+    shape: ModelShape, rows: int, prompt_tokens: int, new_tokens: int, itemsize: int
+) -> int:
+    """The transformers ``generate`` path (`hybridflow.rollout.hf_engine`): the dynamic KV cache of
+    ``rows`` sequences at full length, and the fp32 scores of every step that it keeps for log-probs."""
+    kv = 2 * shape.num_layers * rows * (prompt_tokens + new_tokens) * shape.kv_dim * itemsize
+    scores = rows * new_tokens * shape.vocab_size * _FP32
+    return kv + scores

@@ -1,0 +1,112 @@
+"""The supervised warm-start: a fixed number of steps from a seed gives the same weights on every run,
+it trains on the answer tokens, and `warm_started_model` trains once per set-up and then reuses the
+checkpoint. Single process, tiny models, a few seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridflow.data import read_rows
+from hybridflow.data.synthetic import arithmetic_rows, write_splits
+from hybridflow.models.io import load_causal_lm
+from tests.trainer._runs import write_task
+from trainer.config import RunConfig, load_config
+from trainer.model_setup import load_tokenizer, prepare_model_dir
+from trainer.warm_start import WarmStartConfig, greedy_accuracy, warm_start, warm_started_model
+
+TINY = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=1",
+    "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64",
+    "model.tiny.max_position_embeddings=32",
+    "data.max_prompt_length=8",
+    "data.max_response_length=8",
+]
+FEW = WarmStartConfig(steps=4, batch_size=8, seed=0)
+
+
+def tiny_config(root: Path, *extra: str) -> RunConfig:
+    return load_config(
+        None,
+        [
+            f"data.train_files=[{root / 'train.parquet'}]",
+            f"data.val_files=[{root / 'test.parquet'}]",
+            *TINY,
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def arithmetic(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("arith")
+    write_splits(arithmetic_rows(200, 20, digits=2, style="bare", seed=0), root, ("parquet",))
+    return root
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_causal_lm(path).state_dict()
+
+
+def test_same_seed_same_weights_other_seed_other_weights(arithmetic, tmp_path):
+    config = tiny_config(arithmetic)
+    first, _ = warm_started_model(config, tmp_path / "a", FEW)
+    again, _ = warm_started_model(config, tmp_path / "b", FEW)
+    other, _ = warm_started_model(config, tmp_path / "c", WarmStartConfig(steps=4, batch_size=8, seed=1))
+    initial = weights(tmp_path / "a" / "initial_model")
+    a, b, c = weights(first), weights(again), weights(other)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert not all(torch.equal(a[name], c[name]) for name in a)
+    assert not all(torch.equal(a[name], initial[name]) for name in a)
+
+
+def test_the_cache_trains_once_per_set_up(arithmetic, tmp_path):
+    config = tiny_config(arithmetic)
+    path, accuracy = warm_started_model(config, tmp_path, FEW)
+    written = (path / "model.safetensors").stat().st_mtime_ns
+    # The reported accuracy is the saved model's greedy accuracy on the held-out split.
+    held_out = read_rows(arithmetic / "test.parquet")
+    assert accuracy == greedy_accuracy(load_causal_lm(path), load_tokenizer(config, path), held_out)
+    assert warm_started_model(config, tmp_path, FEW) == (path, accuracy)
+    assert (path / "model.safetensors").stat().st_mtime_ns == written
+    # Measuring more often changes nothing that is trained, so it is the same checkpoint.
+    assert warm_started_model(config, tmp_path, WarmStartConfig(steps=4, batch_size=8, eval_every=2))[0] == path
+    # Any setting that changes the weights is a different checkpoint.
+    longer, _ = warm_started_model(config, tmp_path, WarmStartConfig(steps=5, batch_size=8))
+    reseeded, _ = warm_started_model(tiny_config(arithmetic, "model.tiny.seed=3"), tmp_path, FEW)
+    assert len({path, longer, reseeded}) == 3
+
+
+def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
+    # Every answer is "7": a few steps at a high learning rate teach a fresh model to answer it (and
+    # stop), so greedy accuracy goes from 0 to 1 on prompts it never saw.
+    root = write_task(tmp_path, prompts=64)
+    rows = read_rows(root / "train.parquet")
+    config = load_config(None, [f"data.train_files=[{root / 'train.parquet'}]", *TINY])
+    initial = prepare_model_dir(config, tmp_path / "cache")
+    tokenizer = load_tokenizer(config, initial)
+    train, held_out = rows[:48], rows[48:]
+    assert greedy_accuracy(load_causal_lm(initial), tokenizer, held_out) == 0.0
+    settings = WarmStartConfig(steps=30, batch_size=16, lr=1e-2, seed=0, eval_every=10)
+    result = warm_start(initial, tokenizer, train, held_out, tmp_path / "out", settings)
+    assert [step for step, _ in result.curve] == [10, 20, 30]
+    assert result.steps == 30 and result.accuracy == result.curve[-1][1] == 1.0
+    assert greedy_accuracy(load_causal_lm(tmp_path / "out"), tokenizer, held_out) == 1.0
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match=r"WarmStartConfig.steps must be >= 1, got 0"):
+        WarmStartConfig(steps=0)
+    with pytest.raises(ValueError, match=r"WarmStartConfig.lr must be > 0"):
+        WarmStartConfig(lr=0.0)
+
+
+def test_refuses_a_configured_model_path(arithmetic, tmp_path):
+    config = tiny_config(arithmetic, f"model.path={tmp_path}")
+    with pytest.raises(ValueError, match=r"model\.path is set"):
+        warm_started_model(config, tmp_path, FEW)
