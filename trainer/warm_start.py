@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -208,11 +209,11 @@ def warm_started_model(
 ) -> tuple[Path, float]:
     """The warm-started policy of ``run_config`` and its held-out greedy accuracy, trained once and cached.
 
-    Starts from ``run_config``'s tiny model (``model.tiny``, built into ``cache_dir/initial_model``),
+    Starts from ``run_config``'s tiny model (``model.tiny`` with ``model.tokenizer``, built afresh),
     trains on ``data.train_files`` and measures on ``data.val_files``. The checkpoint lives in
-    ``cache_dir/warm_start-<key>``, where the key hashes the tiny model's spec, ``config`` (less
-    ``eval_every``) and the data files' bytes; a folder counts only once its record file is written,
-    so an interrupted run trains again.
+    ``cache_dir/warm_start-<key>``, where the key hashes the tiny model's spec and tokenizer, ``config``
+    (less ``eval_every``) and the data files' bytes; a folder counts only once its record file is
+    written, so an interrupted run trains again.
 
     Returns:
         the checkpoint folder (an HF model directory with the tokenizer, for ``model.path``) and its
@@ -225,11 +226,11 @@ def warm_started_model(
     data = run_config.data
     if not data.val_files:
         raise ValueError("warm_started_model measures held-out accuracy on data.val_files, which is empty")
-    initial = prepare_model_dir(run_config, cache_dir)
     training = {key: value for key, value in asdict(config).items() if key != "eval_every"}
     key_source = json.dumps(
         {
-            "tiny": (initial / "tiny_spec.json").read_text(),
+            "tiny": json.dumps(asdict(run_config.model.tiny), sort_keys=True),
+            "tokenizer": run_config.model.tokenizer,
             "warm_start": training,
             "train": _file_digest(data.train_files),
             "val": _file_digest(data.val_files),
@@ -240,9 +241,13 @@ def warm_started_model(
     record = target / RECORD_FILE
     if record.exists():
         return target, json.loads(record.read_text())["accuracy"]
-    tokenizer = load_tokenizer(run_config, initial)
     train = [row for path in data.train_files for row in read_rows(path)]
     held_out = [row for path in data.val_files for row in read_rows(path)]
-    result = warm_start(initial, tokenizer, train, held_out, target, config)
+    # The random start is only an input: built in a scratch folder, so runs of other seeds sharing the
+    # cache never overwrite each other's.
+    with tempfile.TemporaryDirectory(prefix="warm-start-") as scratch:
+        initial = prepare_model_dir(run_config, Path(scratch))
+        tokenizer = load_tokenizer(run_config, initial)
+        result = warm_start(initial, tokenizer, train, held_out, target, config)
     record.write_text(json.dumps({"key": json.loads(key_source), **asdict(result)}, indent=1))
     return target, result.accuracy

@@ -58,7 +58,7 @@ def test_same_seed_same_weights_other_seed_other_weights(arithmetic, tmp_path):
     first, _ = warm_started_model(config, tmp_path / "a", FEW)
     again, _ = warm_started_model(config, tmp_path / "b", FEW)
     other, _ = warm_started_model(config, tmp_path / "c", WarmStartConfig(steps=4, batch_size=8, seed=1))
-    initial = weights(tmp_path / "a" / "initial_model")
+    initial = weights(prepare_model_dir(config, tmp_path / "initial"))
     a, b, c = weights(first), weights(again), weights(other)
     assert all(torch.equal(a[name], b[name]) for name in a)
     assert not all(torch.equal(a[name], c[name]) for name in a)
