@@ -9,14 +9,20 @@ log-probs, values, critic update, actor update. Prompts have ``data.max_prompt_l
 the training phases get responses of ``data.max_response_length`` tokens with every token valid, the
 worst case the planner assumes.
 
-What is compared. On CPU a process's resident memory includes what any process of the library holds
-before it loads a model (Python, torch, vLLM's modules, the process groups and device meshes: about
-0.5 GiB). The planner leaves that baseline out, so the measurement does too: each rank records its
-anonymous resident memory (``/proc/self/statm`` resident minus shared, so memory-mapped weight files
-and libraries do not count) once its workers are constructed and before ``init_model``, and every
-phase's figure is the phase's peak (sampled every millisecond, freed heap handed back before each
-phase) minus that baseline. Figures are the larger rank's, from the second step (the steady state:
-the optimizer state exists), next to the planner's total for the same phase.
+What is compared. On CPU a process's memory includes what any process of the library holds before
+it loads a model (Python, torch, vLLM's modules, the process groups and device meshes: about 0.5 GiB).
+The planner leaves that baseline out, so the measurement does too: each rank records its memory once
+its workers are constructed and before ``init_model``, and every phase's figure is the phase's peak
+(sampled every millisecond) minus that baseline. Two kinds of memory are recorded:
+
+- **live heap**: bytes allocated through malloc and not yet freed (glibc's ``mallinfo2``: heap chunks
+  in use plus mmapped chunks). torch's CPU tensors, vLLM's weights and KV cache all come from there.
+  This is the host counterpart of CUDA's allocated memory and the quantity the planner estimates;
+- **resident**: anonymous resident memory (``/proc/self/statm`` resident minus shared). On top of the
+  live heap it holds what glibc keeps of freed memory for reuse; the ranks hand that back before each
+  phase, but within a phase (micro-batch after micro-batch) it can grow.
+
+Figures are the larger rank's, from the second step (the steady state: the optimizer state exists).
 
 ``--runtime`` measures the vLLM engine's own memory (besides weights and KV cache) that the planner
 carries as a constant (`trainer.plan.VLLM_CPU_RUNTIME_BYTES`), on a model whose weights are negligible.
@@ -29,6 +35,8 @@ Results and their reading: docs/benchmarks.md, docs/planning.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import sys
@@ -153,63 +161,90 @@ RUNTIME_CONFIG = [
 # ---------------------------------------------------------------------------------------- one rank
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+_LIBC.mallinfo2.restype = _MallInfo2
+
+
+def _live_bytes() -> int:
+    """Bytes allocated and not yet freed through malloc (heap chunks in use plus mmapped chunks):
+    the host counterpart of CUDA's allocated memory. torch's CPU tensors are allocated this way."""
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
 def _anon_bytes() -> int:
+    """Resident anonymous memory (resident minus file-backed and shared pages)."""
     with open("/proc/self/statm") as statm:
         fields = statm.read().split()
     return (int(fields[1]) - int(fields[2])) * _PAGE
 
 
 class _PeakSampler:
-    """Highest anonymous resident memory of this process while the block runs (sampled every 1 ms)."""
+    """Highest live-heap bytes and resident memory of this process while the block runs (every 1 ms)."""
 
     def __enter__(self) -> _PeakSampler:
         from hybridflow.resharding.memory import return_freed_host_memory
 
         return_freed_host_memory()
-        self.peak = _anon_bytes()
+        self.live, self.resident = _live_bytes(), _anon_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        self.live = max(self.live, _live_bytes())
+        self.resident = max(self.resident, _anon_bytes())
+
     def _poll(self) -> None:
         while not self._stop.wait(0.001):
-            self.peak = max(self.peak, _anon_bytes())
+            self._sample()
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _anon_bytes())
+        self._sample()
 
 
 def _build_workers(config, model_dir: Path) -> tuple[Any, Any]:
     """The actor and critic workers with the arguments `trainer.roles.build_worker_groups` gives them."""
-    from hybridflow.resharding.manager import ReshardingConfig
     from trainer.config import derive_sizes
-    from trainer.roles import actor_settings, critic_settings, engine_settings
+    from trainer.roles import (
+        actor_rollout_options,
+        actor_settings,
+        critic_settings,
+        engine_settings,
+        model_settings,
+        resharding_settings,
+    )
     from workers.actor import ActorRolloutRefWorker
-    from workers.config import ModelConfig
     from workers.critic import CriticWorker
 
     sizes, steps = derive_sizes(config), config.trainer.total_steps
-    model = ModelConfig(
-        path=str(model_dir),
-        dtype=config.model.dtype,
-        activation_checkpointing=config.actor.activation_checkpointing,
-        param_dtype=config.actor.param_dtype,
-    )
-    resharding = ReshardingConfig(
-        bucket_bytes=config.resharding.bucket_bytes,
-        offload_optimizer=config.actor.optimizer_offload,
-        offload_params=config.actor.param_offload,
-    )
     actor = ActorRolloutRefWorker(
-        model,
+        model_settings(config, config.actor, model_dir),
         actor_settings(config, sizes, steps),
         engine_settings(config),
-        resharding,
-        with_ref=config.needs_reference,
-        offload_ref=config.ref.param_offload,
+        resharding_settings(config),
+        **actor_rollout_options(config),
     )
     critic = (
         CriticWorker(critic_settings(config, sizes, steps, model_dir)) if config.critic is not None else None
@@ -261,13 +296,18 @@ def _rank_job(rank: int, world: int, overrides: list[str], model_dir: str, steps
     data, rollout = config.data, config.rollout
     actor, critic = _build_workers(config, Path(model_dir))
     return_freed_host_memory()
-    baseline = _anon_bytes()
-    measured: dict[str, Any] = {"baseline_mib": baseline / MIB}
+    live_base, resident_base = _live_bytes(), _anon_bytes()
+    measured: dict[str, Any] = {
+        "baseline_live_mib": live_base / MIB,
+        "baseline_resident_mib": resident_base / MIB,
+    }
 
     def phase(name: str, method, *args, **kwargs):
         with _PeakSampler() as sampler:
             result = method(*args, **kwargs)
-        measured.setdefault(name, []).append((sampler.peak - baseline) / MIB)
+        measured.setdefault(name, []).append((sampler.live - live_base) / MIB)
+        measured.setdefault(f"{name}/resident", []).append((sampler.resident - resident_base) / MIB)
+        measured.setdefault(f"{name}/after", []).append((_live_bytes() - live_base) / MIB)
         return result
 
     def init_models() -> None:
@@ -276,8 +316,6 @@ def _rank_job(rank: int, world: int, overrides: list[str], model_dir: str, steps
             critic.init_model()
 
     phase("init_model", init_models)
-    return_freed_host_memory()
-    measured["after_init_mib"] = (_anon_bytes() - baseline) / MIB
     tokenizer_vocab = 100  # ids every vocabulary here has (the character tokenizer's)
     dp_rank = rank // sizes.rollout_tp_size
     prompts_per_engine = sizes.prompts_per_rollout_dp_rank
@@ -352,35 +390,36 @@ def _measure(overrides: list[str], steps: int) -> tuple[Any, list[dict[str, Any]
 def _compare(name: str, plan: Any, measured: list[dict[str, Any]]) -> dict[str, Any]:
     process = plan.processes[0]
     rows = []
+    print(f"\n{name}: per-rank peak above the process baseline, MiB (larger rank, step 2)")
     print(
-        f"\n{name}: estimate vs measured peak per rank (MiB above the process baseline, larger rank, step 2)"
+        f"{'phase':<14} {'estimate':>9} {'live heap':>10} {'ratio':>6} {'resident':>9} {'ratio':>6}   estimated peak moment"
     )
-    print(f"{'phase':<14} {'estimate':>9} {'measured':>9} {'measured/estimate':>18}   peak moment (estimate)")
     for estimate in process.phases:
-        values = [rank[estimate.phase][-1] for rank in measured if estimate.phase in rank]
-        if not values:
+        if estimate.phase not in measured[0]:
             continue
-        observed, expected = max(values), estimate.total / MIB
+        expected = estimate.total / MIB
+        live = max(rank[estimate.phase][-1] for rank in measured)
+        resident = max(rank[f"{estimate.phase}/resident"][-1] for rank in measured)
         rows.append(
             {
                 "phase": estimate.phase,
-                "estimate_mib": expected,
-                "measured_mib": observed,
                 "moment": estimate.moment,
+                "estimate_mib": expected,
+                "live_mib": live,
+                "resident_mib": resident,
             }
         )
         print(
-            f"{estimate.phase:<14} {expected:>9.1f} {observed:>9.1f} {observed / expected:>18.2f}   {estimate.moment}"
+            f"{estimate.phase:<14} {expected:>9.1f} {live:>10.1f} {live / expected:>6.2f} {resident:>9.1f} "
+            f"{resident / expected:>6.2f}   {estimate.moment}"
         )
-    peak_estimate = max(rows, key=lambda r: r["estimate_mib"])
-    peak_measured = max(rows, key=lambda r: r["measured_mib"])
+    estimated_peak = max(rows, key=lambda r: r["estimate_mib"])
+    live_peak = max(rows, key=lambda r: r["live_mib"])
     print(
-        f"peak phase: estimated {peak_estimate['phase']} {peak_estimate['estimate_mib']:.1f} MiB, measured "
-        f"{peak_measured['phase']} {peak_measured['measured_mib']:.1f} MiB "
-        f"(ratio {peak_measured['measured_mib'] / peak_estimate['estimate_mib']:.2f})"
+        f"peak phase: estimated {estimated_peak['phase']} ({estimated_peak['estimate_mib']:.1f} MiB), measured "
+        f"{live_peak['phase']} ({live_peak['live_mib']:.1f} MiB live heap)"
     )
-    baselines = [rank["baseline_mib"] for rank in measured]
-    return {"config": name, "phases": rows, "baseline_mib": baselines, "raw": measured}
+    return {"config": name, "phases": rows, "raw": measured}
 
 
 def main() -> None:
@@ -396,11 +435,13 @@ def main() -> None:
     if args.runtime:
         from trainer.plan import VLLM_CPU_RUNTIME_BYTES
 
-        plan, measured = _measure(RUNTIME_CONFIG, steps=0)
+        # After the first generation: the engine has allocated what it keeps between generations, and
+        # the process holds the actor's shards and the engine's weights besides (no optimizer state yet).
+        plan, measured = _measure(RUNTIME_CONFIG, steps=1)
         held = plan.processes[0].phases[0].components
         modelled = sum(held.get(key, 0) for key in ("actor params", "reference params", "engine weights"))
         for rank in measured:
-            runtime = rank["after_init_mib"] - modelled / MIB
+            runtime = rank["generation/after"][0] - modelled / MIB
             print(
                 f"engine runtime: {runtime:.1f} MiB (planner constant {VLLM_CPU_RUNTIME_BYTES / MIB:.1f} MiB)"
             )

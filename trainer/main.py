@@ -48,6 +48,10 @@ def cli() -> None:
     checkpointing, a checkpoint to resume from that is incomplete, a reward function failing on every
     row. Anything else raises with its traceback.
     """
+    if sys.argv[1:2] == ["plan"]:
+        from trainer.plan import main as plan_main
+
+        sys.exit(plan_main(sys.argv[2:]))
     try:
         main()
     except ConfigError as error:

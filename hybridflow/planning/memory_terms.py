@@ -22,10 +22,12 @@ __all__ = [
     "adamw_state_bytes",
     "backward_temporary_bytes",
     "engine_activation_bytes",
+    "engine_reload_bytes",
     "engine_weight_bytes",
     "forward_temporary_bytes",
     "fsdp_shard_bytes",
     "fsdp_unsharded_bytes",
+    "gather_buffer_bytes",
     "hf_generate_cache_bytes",
     "layer_saved_bytes_per_token",
     "logit_head_bytes",
@@ -194,6 +196,31 @@ def engine_weight_bytes(shape: ModelShape, tp_size: int, itemsize: int, *, host_
     if host_prepack:
         total += vocab_params
     return total * itemsize
+
+
+def engine_reload_bytes(shape: ModelShape, tp_size: int, itemsize: int, *, host_prepack: bool) -> int:
+    """Transient copies a vLLM engine makes while reloading weights: its reload rebuilds each layer's
+    (fused) weight before copying it into place, and the CPU build packs the rebuilt weight as well.
+    The largest weight of one tensor-parallel rank sets the peak: the embedding or LM head, the fused
+    q/k/v or the fused gate/up projection."""
+    h = shape.hidden_size
+    largest = (
+        max(
+            _padded_vocab(shape.vocab_size) * h,
+            (shape.q_dim + 2 * shape.kv_dim) * h,
+            2 * shape.intermediate_size * h,
+        )
+        // tp_size
+    )
+    return (2 if host_prepack else 1) * largest * itemsize
+
+
+def gather_buffer_bytes(tensor_bytes: Iterable[int], bucket_bytes: int) -> int:
+    """Gather memory of a weight push (`hybridflow.resharding.streaming.WeightStreamer`): the reused
+    buffer of ``bucket_bytes``, plus the own allocation of a full tensor larger than it (the largest
+    one; they are gathered one at a time)."""
+    oversized = [nbytes for nbytes in tensor_bytes if nbytes > bucket_bytes]
+    return bucket_bytes + max(oversized, default=0)
 
 
 def engine_activation_bytes(

@@ -156,11 +156,11 @@ def _table(process: ProcessPlan) -> list[str]:
 def render_plan(plan: MemoryPlan, device_bytes: int | None = None) -> str:
     """The plan as text: per process kind a phase x component table (peak column marked ``*``), the
     peak phase, and with ``device_bytes`` whether each process fits."""
-    memory = "device memory" if plan.device == "cuda" else "host memory per process"
+    memory = "device memory" if plan.device == "cuda" else "host memory of the process"
     out: list[str] = []
     for process in plan.processes:
         peak = process.peak()
-        out.append(f"{process.roles}: {process.ranks} rank(s), {memory} per rank ({plan.device})")
+        out.append(f"{process.roles}: {process.ranks} rank(s); per rank, {memory} ({plan.device})")
         out.extend(_table(process))
         out.append(f"peak: {peak.phase} ({peak.moment}), {format_bytes(peak.total)} per rank")
         if device_bytes is not None:
