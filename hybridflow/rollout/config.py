@@ -33,6 +33,9 @@ class RolloutConfig:
             ``None`` leaves the environment as it is.
         hf_max_batch_rows: the HF engine generates at most this many rows at once; bounds the memory
             of the per-step scores it keeps (rows x new tokens x vocab floats).
+        enable_prompt_embeds: let the vLLM engine take input embeddings instead of token ids
+            (``embedding_session``; the HF engine always can). Off by default: a worker class that
+            decodes from embeddings turns it on.
     """
 
     name: str = "vllm"
@@ -46,6 +49,7 @@ class RolloutConfig:
     enforce_eager: bool = False
     cache_dir: str | None = None
     hf_max_batch_rows: int = 64
+    enable_prompt_embeds: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in ENGINE_NAMES:
