@@ -1,0 +1,272 @@
+"""Re² (Wang et al., ICLR 2026, arXiv 2603.07197): reinforcement learning with re-solving, as one step
+function under `fit`.
+
+The model may give up on an attempt by writing "It's better to redo the question."; the response is cut
+right after the phrase and ends there. One step, as the paper's algorithm box reads:
+
+    1. draw n full samples per query (cut after the redo phrase);
+    2. cut each at a random ratio (0 with probability 0.3, else uniform in [0, 0.8]) and move the prefix
+       into the prompt (it carries no loss);
+    3. draw m continuations per prefix; each prefix is a group, ids (query, prefix);
+    4. reward: 1 correct, 0 wrong, a redo P_c (1 - P_r^R) / (1 - P_r) from the query's other prefix
+       groups, -1 when all of those redo (re2_redo.py);
+    5. dynamic sampling: keep the prefix groups whose rewards are not all equal, refill from new queries;
+    6. advantage normalised within the prefix group; DAPO's loss (clip 0.2/0.28, dual clip 10,
+       token-mean, no KL; config.yaml).
+
+Run:  python recipes/re2/main.py [key=value overrides of config.yaml]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # the recipe's modules sit beside this file, which tests load by path
+    sys.path.insert(0, str(HERE))
+
+from re2_prefixes import (  # noqa: E402
+    cap_lengths,
+    continuation_prompts,
+    cut_after_redo,
+    cut_lengths,
+    prefix_token_lists,
+)
+from re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards  # noqa: E402
+from re2_task import ensure_task  # noqa: E402
+
+from hybridflow.algos import group_index  # noqa: E402
+from hybridflow.algos.masked import last_valid_token_mask  # noqa: E402
+from hybridflow.data import PromptLoader  # noqa: E402
+from hybridflow.protocol import Batch  # noqa: E402
+from hybridflow.rollout.sampling import SamplingParams  # noqa: E402
+from trainer.config import load_config, recipe_field, recipe_settings  # noqa: E402
+from trainer.ray_runtime import start_ray  # noqa: E402
+from trainer.rl_trainer import RLTrainer  # noqa: E402
+from trainer.steps import (  # noqa: E402
+    advantages,
+    concat_rollouts,
+    generate,
+    old_log_probs,
+    sampling_params,
+    score,
+    update_actor,
+)
+
+DATA = Path(".cache/recipes/re2/data")  # config.yaml's data.train_files / val_files point here
+
+
+@dataclass(frozen=True)
+class Re2Settings:
+    """``recipe.*`` keys (README.md)."""
+
+    continuations: int = recipe_field(8, ge=1)  # m, per prefix; rollout.n is the n full samples
+    zero_cut_prob: float = recipe_field(0.3, ge=0, le=1)
+    max_cut_ratio: float = recipe_field(0.8, ge=0, le=1)
+    redo_rounds: int = recipe_field(5, ge=1)  # R
+    max_rounds: int = recipe_field(4, ge=1)  # generation rounds per step (dynamic sampling)
+    redo_phrase: str = REDO_PHRASE
+    answer_pattern: str = r"\d"  # what counts as a final answer after the phrase
+
+
+def call_seed(trainer: RLTrainer, round_index: int, stage: int) -> int:
+    """A sampling seed per (step, round, stage): the two stages never share random numbers, and a resumed
+    run samples what the uninterrupted one did."""
+    key = [trainer.config.rollout.seed, trainer.step, round_index, stage]
+    return int(np.random.SeedSequence(key).generate_state(1)[0] % 2**31)
+
+
+def with_columns(rollouts: Batch, columns: Batch) -> Batch:
+    """``rollouts`` with ``columns`` replacing the columns of the same names."""
+    return rollouts.select(*[k for k in rollouts.keys() if k not in columns]) | columns
+
+
+def ended_at_redo(trainer: RLTrainer, rollouts: Batch, phrase: str) -> Batch:
+    """Responses cut right after the redo phrase, EOS appended, ``response_text`` the whole sample's text
+    (prefix, then response)."""
+    tokenizer = trainer.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    cut = with_columns(
+        rollouts, cut_after_redo(rollouts, decode, tokenizer.eos_token_id, tokenizer.pad_token_id, phrase)
+    )
+    prefixes = cut["prefix_tokens"] if "prefix_tokens" in cut else torch.zeros(len(cut), 0, dtype=torch.long)
+    lengths = cut["prefix_lengths"] if "prefix_lengths" in cut else torch.zeros(len(cut), dtype=torch.long)
+    texts = [
+        decode(prefix[: int(k)].tolist() + response[mask.bool()].tolist())
+        for prefix, k, response, mask in zip(
+            prefixes, lengths, cut["responses"], cut["response_mask"], strict=True
+        )
+    ]
+    return with_columns(cut, Batch(non_tensors={"response_text": texts}))
+
+
+def judged(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(correct, redo)``, each ``[batch]`` bool: exact match of the whole sample (a redo is never
+    correct, whatever digits came before its phrase) and `is_redo`."""
+    scored = score(trainer, rollouts)
+    redo = torch.tensor(
+        [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
+    )
+    return (scored["scores"] >= 1.0) & ~redo, redo
+
+
+def rewarded(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings, group_ids: torch.Tensor) -> Batch:
+    """``correct``, ``redo``, ``group_ids`` and the Re² reward as ``scores`` and ``token_level_scores``
+    (at the last response token)."""
+    correct, redo = judged(trainer, rollouts, settings)
+    reward = redo_rewards(correct, redo, group_ids, settings.redo_rounds)
+    last = last_valid_token_mask(rollouts["response_mask"].bool())
+    return Batch(
+        {
+            "scores": reward,
+            "token_level_scores": last.float() * reward[:, None],
+            "correct": correct,
+            "redo": redo,
+            "group_ids": group_ids,
+        }
+    )
+
+
+def two_stage_rollout(trainer: RLTrainer, queries: Batch, settings: Re2Settings, round_index: int) -> Batch:
+    """Steps 1-4 for one batch of queries: ``len(queries) * n * m`` rewarded continuations, rows ordered
+    query, prefix, continuation; ``group_ids [rows, 2]`` = (query in this round, prefix)."""
+    n, m = trainer.config.rollout.n, settings.continuations
+    limit = trainer.config.data.max_response_length
+    pad = trainer.tokenizer.pad_token_id
+    full = generate(
+        trainer, queries, replace(sampling_params(trainer), seed=call_seed(trainer, round_index, 1))
+    )
+    full = ended_at_redo(trainer, full, settings.redo_phrase)
+    trainer.record(redo_metrics(*judged(trainer, full, settings), "re2"))  # the policy from scratch
+
+    cuts = cut_lengths(
+        full["response_lengths"],
+        torch.Generator().manual_seed(call_seed(trainer, round_index, 2)),
+        settings.zero_cut_prob,
+        settings.max_cut_ratio,
+    )
+    prompts = continuation_prompts(
+        full.select(*queries.keys()), prefix_token_lists(full["responses"], cuts), pad, prefix_width=limit
+    )
+    longest = int(prompts["attention_mask"].sum(dim=1).max())
+    if longest > trainer.config.data.max_prompt_length:
+        raise ValueError(
+            f"a continuation prompt (question + prefix) has {longest} tokens, more than "
+            f"data.max_prompt_length={trainer.config.data.max_prompt_length}; raise it to at least the "
+            f"longest question + recipe.max_cut_ratio x data.max_response_length"
+        )
+    sampling = replace(sampling_params(trainer), n=m, seed=call_seed(trainer, round_index, 3))
+    rollouts = generate(trainer, prompts, sampling)
+    generated = int(full["response_lengths"].sum() + rollouts["response_lengths"].sum())
+    rollouts = with_columns(rollouts, cap_lengths(rollouts, limit - rollouts["prefix_lengths"], pad))
+    rollouts = ended_at_redo(trainer, rollouts, settings.redo_phrase)
+    rows = torch.arange(len(rollouts)) // m  # the full sample (= prefix) each continuation comes from
+    group_ids = torch.stack([round_index * len(queries) + rows // n, rows % n], dim=1)
+    rollouts = with_columns(rollouts, rewarded(trainer, rollouts, settings, group_ids))
+    trainer.record({"re2/generated_tokens": trainer.step_metrics.get("re2/generated_tokens", 0) + generated})
+    return rollouts
+
+
+def informative(rollouts: Batch) -> Batch:
+    """The rows of prefix groups whose rewards are not all equal (equal rewards give zero advantage)."""
+    index, count = group_index(rollouts["group_ids"])
+    scores = rollouts["scores"].double()
+    high = torch.full((count,), -torch.inf, dtype=torch.float64).scatter_reduce(0, index, scores, "amax")
+    low = torch.full((count,), torch.inf, dtype=torch.float64).scatter_reduce(0, index, scores, "amin")
+    return rollouts[torch.nonzero((high > low)[index]).flatten()]
+
+
+def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    """One Re² step: two-stage rollouts until the batch holds ``train_batch_size * n`` informative prefix
+    groups (or ``max_rounds`` rounds ran), then one DAPO update with advantages within prefix groups."""
+    settings = recipe_settings(trainer.config, Re2Settings)
+    wanted = len(prompts) * trainer.config.rollout.n * settings.continuations
+    kept: list[Batch] = []
+    continuations: list[Batch] = []
+    rounds = 0
+    while rounds < settings.max_rounds and sum(len(b) for b in kept) < wanted:
+        queries = prompts if rounds == 0 else trainer.next_prompts()
+        rollouts = two_stage_rollout(trainer, queries, settings, rounds)
+        continuations.append(rollouts.select("correct", "redo"))
+        kept.append(informative(rollouts))
+        rounds += 1
+    sampled = Batch.concat(continuations)
+    kept_rows = sum(len(b) for b in kept)
+    trainer.record(
+        {
+            **redo_metrics(sampled["correct"], sampled["redo"], "re2/continuation"),
+            "re2/rounds": float(rounds),
+            "re2/prefix_groups_kept": float(min(kept_rows, wanted) // settings.continuations),
+            "re2/kept_fraction": kept_rows / len(sampled),
+        }
+    )
+    if not kept_rows:  # every prefix group had equal rewards in every round: nothing to learn this step
+        return prompts
+    rollouts = concat_rollouts([b for b in kept if len(b)], trainer.tokenizer.pad_token_id)[:wanted]
+    rollouts |= old_log_probs(trainer, rollouts)
+    # The appended EOS was never sampled: the engine has no log-prob for it, so the sync check (engine vs
+    # trainer) covers the sampled tokens only.
+    appended = rollouts.pop("appended_eos")["appended_eos"]
+    engine = rollouts.pop("rollout_log_probs")["rollout_log_probs"]
+    rollouts |= Batch({"rollout_log_probs": torch.where(appended, rollouts["old_log_probs"], engine)})
+    rollouts |= advantages(trainer, rollouts)  # GRPO within the finest group: (query, prefix)
+    update_actor(trainer, rollouts)  # DAPO: clip 0.2/0.28, dual clip 10, token-mean, no KL
+    return rollouts
+
+
+def redo_validation(trainer: RLTrainer, samples: int) -> dict[str, float]:
+    """Sampled answers (``samples`` per held-out prompt, the training temperature), cut after the redo
+    phrase: ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy
+    when every redo is asked again)."""
+    settings = recipe_settings(trainer.config, Re2Settings)
+    config = trainer.config
+    loader = PromptLoader(
+        trainer.val_data,
+        config.data.val_batch_size,
+        trainer.tokenizer.pad_token_id,
+        shuffle=False,
+        drop_last=False,
+    )
+    sampling = SamplingParams(
+        n=samples,
+        temperature=config.rollout.temperature,
+        max_new_tokens=config.data.max_response_length,
+        seed=config.rollout.seed,
+    )
+    correct, redo = [], []
+    for prompts in loader:
+        rollouts = ended_at_redo(
+            trainer, trainer.actor.generate_sequences(prompts, sampling), settings.redo_phrase
+        )
+        scored, _ = trainer.score(rollouts)
+        flags = torch.tensor(
+            [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
+        )
+        correct.append((scored["scores"] >= 1.0) & ~flags)
+        redo.append(flags)
+    return redo_metrics(torch.cat(correct), torch.cat(redo), "val_re2")
+
+
+def main(overrides: list[str]) -> dict[str, float]:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_task(DATA)  # 2-digit addition, bare style ("47+38=" -> "85"); README: why it needs restarts
+    config = load_config(HERE / "config.yaml", overrides)
+    recipe_settings(config, Re2Settings)  # a bad recipe.* key fails here, before anything starts
+    with start_ray(config), RLTrainer(config) as trainer:
+        metrics = trainer.fit(re2_step)
+        metrics.update(redo_validation(trainer, samples=4))
+    print({key: round(value, 4) for key, value in sorted(metrics.items())})
+    return metrics
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
