@@ -36,6 +36,9 @@ class RolloutConfig:
         enable_prompt_embeds: let the vLLM engine take input embeddings instead of token ids
             (``embedding_session``; the HF engine always can). Off by default: a worker class that
             decodes from embeddings turns it on.
+        enable_prefix_caching: vLLM reuses the KV cache of prompt blocks it computed before (the samples
+            of one prompt, the continuations of one prefix); only whole blocks are shared (128 tokens on
+            CPU).
     """
 
     name: str = "vllm"
@@ -50,6 +53,7 @@ class RolloutConfig:
     cache_dir: str | None = None
     hf_max_batch_rows: int = 64
     enable_prompt_embeds: bool = False
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.name not in ENGINE_NAMES:

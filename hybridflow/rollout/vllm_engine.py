@@ -140,6 +140,7 @@ class VLLMRolloutEngine(RolloutEngine):
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             enforce_eager=config.enforce_eager,
+            enable_prefix_caching=config.enable_prefix_caching,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
             **platform_args,
