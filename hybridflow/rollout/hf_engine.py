@@ -1,4 +1,9 @@
-"""`HFRolloutEngine`: rollouts with transformers ``generate``; the reference and the fallback engine."""
+"""`HFRolloutEngine`: rollouts with transformers ``generate``; the reference and the fallback engine.
+
+Besides token prompts, the engine decodes from input embeddings one position at a time
+(`HFRolloutEngine.embedding_session`): the caller chooses each next input vector itself (a soft mixture
+of token embeddings, say), and the session keeps the KV cache between positions.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,65 @@ from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.seeding import SeedStream
 
-__all__ = ["HFRolloutEngine"]
+__all__ = ["HFEmbeddingSession", "HFRolloutEngine", "left_pad_embeds"]
+
+
+def left_pad_embeds(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack per-row input embeddings ``[len_i, hidden]`` into ``[rows, max_len, hidden]``, left-padded
+    with zeros, and their ``attention_mask [rows, max_len]`` (int64, 1 on the given vectors)."""
+    if not rows:
+        raise ValueError("prompt_embeds must hold at least one row")
+    if any(row.dim() != 2 or row.shape[0] < 1 for row in rows):
+        shapes = [tuple(row.shape) for row in rows]
+        raise ValueError(f"each row of prompt_embeds must be [len >= 1, hidden]; got shapes {shapes}")
+    width = max(row.shape[0] for row in rows)
+    embeds = rows[0].new_zeros(len(rows), width, rows[0].shape[1])
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+    for i, row in enumerate(rows):
+        embeds[i, width - row.shape[0] :] = row
+        mask[i, width - row.shape[0] :] = 1
+    return embeds, mask
+
+
+class HFEmbeddingSession:
+    """Decoding from input embeddings, one position at a time, with a KV cache kept between positions.
+
+    Built by `HFRolloutEngine.embedding_session`. ``log_probs [rows, vocab]`` (float32, nats) is the
+    next-token distribution of every row at temperature 1 (the log-softmax of the raw logits) after the
+    inputs so far; `append` feeds one more input vector per row and returns the new ``log_probs``.
+    Every row advances together: a caller whose row has finished feeds it any vector (zeros) and
+    ignores that row's output.
+    """
+
+    def __init__(self, model: PreTrainedModel, prompt_embeds: Sequence[torch.Tensor]) -> None:
+        self._model = model
+        dtype = next(model.parameters()).dtype
+        embeds, self._mask = left_pad_embeds([row.to(model.device, dtype) for row in prompt_embeds])
+        positions = (self._mask.cumsum(-1) - 1).clamp(min=0)
+        self._next_position = positions[:, -1:] + 1
+        out = model(inputs_embeds=embeds, attention_mask=self._mask, position_ids=positions, use_cache=True)
+        self._cache = out.past_key_values
+        self.log_probs = out.logits[:, -1].float().log_softmax(dim=-1)
+
+    @torch.no_grad()
+    def append(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Feed ``embeds [rows, hidden]`` as every row's next input; returns ``log_probs [rows, vocab]``."""
+        rows = self._mask.shape[0]
+        if embeds.dim() != 2 or embeds.shape[0] != rows:
+            raise ValueError(f"append takes [rows={rows}, hidden] embeddings, got {tuple(embeds.shape)}")
+        dtype = next(self._model.parameters()).dtype
+        self._mask = torch.cat([self._mask, self._mask.new_ones(rows, 1)], dim=1)
+        out = self._model(
+            inputs_embeds=embeds.to(self._model.device, dtype)[:, None],
+            attention_mask=self._mask,
+            position_ids=self._next_position,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache = out.past_key_values
+        self._next_position = self._next_position + 1
+        self.log_probs = out.logits[:, -1].float().log_softmax(dim=-1)
+        return self.log_probs
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -118,6 +181,12 @@ class HFRolloutEngine(RolloutEngine):
         return pack_rollouts(
             prompts, n, responses, log_probs, finish_reasons, sampling.max_new_tokens, self.pad_token_id
         )
+
+    @torch.no_grad()
+    def embedding_session(self, prompt_embeds: Sequence[torch.Tensor]) -> HFEmbeddingSession:
+        """Start decoding from input embeddings: one ``[len_i, hidden]`` tensor per row (rows may differ
+        in length; they are left-padded). See `HFEmbeddingSession`."""
+        return HFEmbeddingSession(self.model, prompt_embeds)
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
