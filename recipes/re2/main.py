@@ -185,6 +185,17 @@ def informative(rollouts: Batch) -> Batch:
     return rollouts[torch.nonzero((high > low)[index]).flatten()]
 
 
+def with_trainer_log_prob_at_appended_eos(rollouts: Batch) -> Batch:
+    """``rollout_log_probs`` taking ``old_log_probs`` at the appended EOS tokens: the engine never sampled
+    them and has no log-prob for them, so the sync check (engine vs trainer) covers the sampled tokens
+    only."""
+    appended = rollouts["appended_eos"]
+    engine = rollouts["rollout_log_probs"]
+    return with_columns(
+        rollouts, Batch({"rollout_log_probs": torch.where(appended, rollouts["old_log_probs"], engine)})
+    )
+
+
 def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     """One Re² step: two-stage rollouts until the batch holds ``train_batch_size * n`` informative prefix
     groups (or ``max_rounds`` rounds ran), then one DAPO update with advantages within prefix groups."""
@@ -212,12 +223,7 @@ def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     if not kept_rows:  # every prefix group had equal rewards in every round: nothing to learn this step
         return prompts
     rollouts = concat_rollouts([b for b in kept if len(b)], trainer.tokenizer.pad_token_id)[:wanted]
-    rollouts |= old_log_probs(trainer, rollouts)
-    # The appended EOS was never sampled: the engine has no log-prob for it, so the sync check (engine vs
-    # trainer) covers the sampled tokens only.
-    appended = rollouts.pop("appended_eos")["appended_eos"]
-    engine = rollouts.pop("rollout_log_probs")["rollout_log_probs"]
-    rollouts |= Batch({"rollout_log_probs": torch.where(appended, rollouts["old_log_probs"], engine)})
+    rollouts = with_trainer_log_prob_at_appended_eos(rollouts | old_log_probs(trainer, rollouts))
     rollouts |= advantages(trainer, rollouts)  # GRPO within the finest group: (query, prefix)
     update_actor(trainer, rollouts)  # DAPO: clip 0.2/0.28, dual clip 10, token-mean, no KL
     return rollouts
