@@ -136,9 +136,12 @@ def rewarded(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings, group_i
     )
 
 
-def two_stage_rollout(trainer: RLTrainer, queries: Batch, settings: Re2Settings, round_index: int) -> Batch:
+def two_stage_rollout(
+    trainer: RLTrainer, queries: Batch, settings: Re2Settings, round_index: int
+) -> tuple[Batch, Batch]:
     """Steps 1-4 for one batch of queries: ``len(queries) * n * m`` rewarded continuations, rows ordered
-    query, prefix, continuation; ``group_ids [rows, 2]`` = (query in this round, prefix)."""
+    query, prefix, continuation, with ``group_ids [rows, 2]`` = (query in this round, prefix); and the
+    ``correct`` and ``redo`` flags of the ``len(queries) * n`` first-stage samples."""
     n, m = trainer.config.rollout.n, settings.continuations
     limit = trainer.config.data.max_response_length
     pad = trainer.tokenizer.pad_token_id
@@ -146,7 +149,7 @@ def two_stage_rollout(trainer: RLTrainer, queries: Batch, settings: Re2Settings,
         trainer, queries, replace(sampling_params(trainer), seed=call_seed(trainer, round_index, 1))
     )
     full = ended_at_redo(trainer, full, settings.redo_phrase)
-    trainer.record(redo_metrics(*judged(trainer, full, settings), "re2"))  # the policy from scratch
+    correct, redo = judged(trainer, full, settings)
 
     cuts = cut_lengths(
         full["response_lengths"],
@@ -173,7 +176,7 @@ def two_stage_rollout(trainer: RLTrainer, queries: Batch, settings: Re2Settings,
     group_ids = torch.stack([round_index * len(queries) + rows // n, rows % n], dim=1)
     rollouts = with_columns(rollouts, rewarded(trainer, rollouts, settings, group_ids))
     trainer.record({"re2/generated_tokens": trainer.step_metrics.get("re2/generated_tokens", 0) + generated})
-    return rollouts
+    return rollouts, Batch({"correct": correct, "redo": redo})
 
 
 def informative(rollouts: Batch) -> Batch:
@@ -202,18 +205,21 @@ def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     settings = recipe_settings(trainer.config, Re2Settings)
     wanted = len(prompts) * trainer.config.rollout.n * settings.continuations
     kept: list[Batch] = []
+    first: list[Batch] = []
     continuations: list[Batch] = []
     rounds = 0
     while rounds < settings.max_rounds and sum(len(b) for b in kept) < wanted:
         queries = prompts if rounds == 0 else trainer.next_prompts()
-        rollouts = two_stage_rollout(trainer, queries, settings, rounds)
+        rollouts, samples = two_stage_rollout(trainer, queries, settings, rounds)
+        first.append(samples)
         continuations.append(rollouts.select("correct", "redo"))
         kept.append(informative(rollouts))
         rounds += 1
-    sampled = Batch.concat(continuations)
+    sampled, fresh = Batch.concat(continuations), Batch.concat(first)
     kept_rows = sum(len(b) for b in kept)
     trainer.record(
         {
+            **redo_metrics(fresh["correct"], fresh["redo"], "re2"),  # the policy from scratch
             **redo_metrics(sampled["correct"], sampled["redo"], "re2/continuation"),
             "re2/rounds": float(rounds),
             "re2/prefix_groups_kept": float(min(kept_rows, wanted) // settings.continuations),
@@ -229,11 +235,10 @@ def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     return rollouts
 
 
-def redo_validation(trainer: RLTrainer, samples: int) -> dict[str, float]:
+def redo_validation(trainer: RLTrainer, settings: Re2Settings, samples: int) -> dict[str, float]:
     """Sampled answers (``samples`` per held-out prompt, the training temperature), cut after the redo
     phrase: ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy
     when every redo is asked again)."""
-    settings = recipe_settings(trainer.config, Re2Settings)
     config = trainer.config
     loader = PromptLoader(
         trainer.val_data,
@@ -269,7 +274,7 @@ def main(overrides: list[str]) -> dict[str, float]:
     recipe_settings(config, Re2Settings)  # a bad recipe.* key fails here, before anything starts
     with start_ray(config), RLTrainer(config) as trainer:
         metrics = trainer.fit(re2_step)
-        metrics.update(redo_validation(trainer, samples=4))
+        metrics.update(redo_validation(trainer, recipe_settings(config, Re2Settings), samples=4))
     print({key: round(value, 4) for key, value in sorted(metrics.items())})
     return metrics
 
