@@ -41,20 +41,29 @@ def fit(trainer: RLTrainer, step_fn: StepFn) -> dict[str, float]:
     Resumes first when ``trainer.resume`` says so (data position, per-step sampling seeds, optimizer and
     schedule all come back, so the next steps equal the uninterrupted run's). Validates before training
     (``trainer.val_before_train``, on a fresh start), every ``trainer.val_every`` steps and at the end;
+    logs the start-up's parts (``startup/*``, `RLTrainer.startup`) with the first record;
     saves every ``trainer.save_every`` steps and at the end. A `TrainingAlarm` (``monitor.stop_on_alarm``)
     logs the step, saves a checkpoint and propagates.
     """
     trainer._maybe_resume()
+    trainer.startup.lap("resume")
     config = trainer.config.trainer
     has_val = trainer.val_data is not None
     last_val: dict[str, float] = {}
+    # The start-up report (``startup/*``) goes with the first record: the validation before training,
+    # else the first step.
+    startup: dict[str, float] = {}
     if has_val and config.val_before_train and trainer.step == 0:
         last_val = trainer.validate()
-        trainer.logger.log(last_val, 0)
+        trainer.startup.lap("validation")
+        trainer.logger.log({**last_val, **trainer.startup.metrics()}, 0)
+    else:
+        startup = trainer.startup.metrics()
     while trainer.step < trainer.total_steps:
         trainer.step += 1
         try:
-            metrics = run_step(trainer, step_fn, trainer.next_prompts())
+            metrics = {**run_step(trainer, step_fn, trainer.next_prompts()), **startup}
+            startup = {}
         except TrainingAlarm as alarm:
             # monitor.stop_on_alarm: the step has trained; keep it, and a checkpoint to look at or resume.
             trainer.logger.log(alarm.metrics, trainer.step)

@@ -22,16 +22,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
+from hybridflow.metrics.log_routing import LOG_DIR, clear_log_dir, route_driver_output, worker_output_hook
 from trainer import ray_watchdog
 from trainer.config import RunConfig
 
-__all__ = ["TEMP_PREFIX", "remove_stale_temp_dirs", "start_ray"]
+__all__ = ["TEMP_PREFIX", "RayStart", "remove_stale_temp_dirs", "start_ray"]
 
 TEMP_PREFIX = "hybridflow-ray-"
 """Name prefix of a local cluster's temp folder (under ``/tmp``: Ray's socket paths must stay short)."""
@@ -40,8 +43,17 @@ _TEMP_ROOT = Path("/tmp")
 _WATCHDOG_EXIT_S = 35.0
 
 
+@dataclass(frozen=True)
+class RayStart:
+    """What `start_ray` yields: ``seconds`` it took to start (or join) the cluster, and the run's log
+    folder (``<trainer.output_dir>/logs``) when ``trainer.console`` is ``quiet`` (None when verbose)."""
+
+    seconds: float
+    log_dir: Path | None
+
+
 @contextmanager
-def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
+def start_ray(config: RunConfig, address: str | None = None) -> Iterator[RayStart]:
     """Join the cluster at ``address``, or start a local one sized for ``config``'s pools.
 
     A local cluster gets enough logical CPUs for every slot, its own short temp folder and the current
@@ -49,9 +61,33 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
     unchanged. It starts without the dashboard; stale temp folders of dead runs are removed first; and
     if the driver dies without shutting the cluster down, the watchdog stops what is left of it (see
     the module docstring; on systems without ``/proc``, such as macOS, neither runs).
+
+    With ``trainer.console: quiet`` every worker process of the run writes its output to
+    ``<trainer.output_dir>/logs/worker-<pid>.log`` (the log files of an earlier run there are
+    removed), and this process's library warnings go to ``logs/driver.log``, until the block ends
+    (`hybridflow.metrics.log_routing`).
     """
+    log_dir = _fresh_log_dir(config) if config.trainer.console == "quiet" else None
+    runtime_env: dict[str, object] = {}
+    with ExitStack() as routes:
+        if log_dir is not None:
+            runtime_env["worker_process_setup_hook"] = worker_output_hook(log_dir)
+            routes.enter_context(route_driver_output(log_dir))
+        started = time.perf_counter()
+        with _cluster(config, address, runtime_env):
+            yield RayStart(time.perf_counter() - started, log_dir)
+
+
+def _fresh_log_dir(config: RunConfig) -> Path:
+    log_dir = Path(config.trainer.output_dir).resolve() / LOG_DIR
+    clear_log_dir(log_dir)
+    return log_dir
+
+
+@contextmanager
+def _cluster(config: RunConfig, address: str | None, runtime_env: dict[str, object]) -> Iterator[None]:
     if address is not None:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level="WARNING", runtime_env=runtime_env)
         try:
             yield
         finally:
@@ -62,10 +98,11 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
         p.nodes * p.slots_per_node for p in resource.pools.values()
     )
     num_cpus = max(os.cpu_count() or 1, int(slots * resource.cpus_per_slot) + 1)
+    runtime_env = {**runtime_env, "env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
     if not ray_watchdog.SUPPORTED:
         temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=_TEMP_ROOT))
         try:
-            with _local_cluster(num_cpus, temp_dir):
+            with _local_cluster(num_cpus, temp_dir, runtime_env):
                 yield
         finally:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -81,7 +118,7 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
         start_new_session=True,
     )
     try:
-        with _local_cluster(num_cpus, temp_dir):
+        with _local_cluster(num_cpus, temp_dir, runtime_env):
             yield
     finally:
         # Closing the pipe is the watchdog's signal: it stops any straggler and removes the folder.
@@ -92,13 +129,13 @@ def start_ray(config: RunConfig, address: str | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def _local_cluster(num_cpus: int, temp_dir: Path) -> Iterator[None]:
+def _local_cluster(num_cpus: int, temp_dir: Path, runtime_env: dict[str, object]) -> Iterator[None]:
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
         _temp_dir=str(temp_dir),
         logging_level="WARNING",
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
+        runtime_env=runtime_env,
     )
     try:
         yield

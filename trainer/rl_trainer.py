@@ -27,6 +27,7 @@ from hybridflow.controller import RayWorkerGroup, Worker
 from hybridflow.data import PromptDataset, PromptLoader
 from hybridflow.metrics import PhaseTimer, create_logger
 from hybridflow.metrics.monitor import TrainingMonitor
+from hybridflow.metrics.startup import StartupTimer
 from hybridflow.protocol import Batch
 from hybridflow.rewards import RewardManager
 from hybridflow.rollout.sampling import SamplingParams
@@ -34,7 +35,7 @@ from trainer.algorithms import rl_step
 from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.fit import StepFn, fit
 from trainer.model_setup import load_tokenizer, prepare_model_dir
-from trainer.roles import build_pools, build_worker_groups, reward_settings
+from trainer.roles import build_pools, load_worker_groups, reward_settings, start_worker_groups
 from trainer.steps import decode_responses
 from workers.actor import MODEL_INPUTS
 
@@ -54,6 +55,8 @@ class RLTrainer:
             `CriticWorker`, `RewardModelWorker`), built with the same arguments, whose new
             ``@register``'ed methods the step function can call on ``trainer.actor`` (or
             ``trainer.critic``, ``trainer.reward_model``).
+        startup_s: seconds of start-up parts that ran before the trainer, by part name (such as
+            ``{"ray": start_ray(...).seconds}``); they open the trainer's start-up report.
 
     Attributes:
         actor, critic, reward_model: the worker groups (``critic`` and ``reward_model`` may be None).
@@ -62,11 +65,25 @@ class RLTrainer:
         monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
             learning (`hybridflow.metrics.monitor`).
         step_metrics: what the current step has recorded so far (`record`).
+        startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
+            ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
+            groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
+            slowest rank's model load and FSDP2 wrap; ``critic`` and ``reward_model`` likewise),
+            ``engine`` (the rest of the load call: the rollout engine's start), ``loggers``; `fit`
+            adds ``resume`` and ``validation`` and logs ``startup/*`` once, before the first step.
 
     Use as a context manager (or call `close`) so worker processes and reward workers stop.
     """
 
-    def __init__(self, config: RunConfig, worker_classes: Mapping[str, type[Worker]] | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        worker_classes: Mapping[str, type[Worker]] | None = None,
+        startup_s: Mapping[str, float] | None = None,
+    ) -> None:
+        self.startup = StartupTimer()
+        for part, seconds in (startup_s or {}).items():
+            self.startup.add(part, seconds)
         self.config = config
         self.sizes = derive_sizes(config)
         self.output_dir = Path(config.trainer.output_dir)
@@ -105,6 +122,7 @@ class RLTrainer:
         self.monitor = TrainingMonitor(config.monitor)
         self.step = 0
         self.step_metrics: dict[str, float] = {}
+        self.startup.lap("data")
         # From here on everything built holds processes, placement groups or open files. Each is
         # registered for `close` as soon as it exists: if a later part fails, the `with` block stops
         # what was built (in reverse order) before the error propagates, so a failed construction
@@ -114,13 +132,17 @@ class RLTrainer:
             # fails before any worker process starts.
             self.reward = RewardManager(reward_settings(config))
             resources.callback(self.reward.close)
+            self.startup.lap("reward")
             self.pools = build_pools(config)
             for pool in self.pools.values():
                 resources.callback(pool.release)
-            self.groups = build_worker_groups(
+            self.startup.lap("placement")
+            self.groups = start_worker_groups(
                 config, self.sizes, self.total_steps, self.model_dir, self.pools, worker_classes or {}
             )
             resources.callback(self._stop_workers)
+            self.startup.lap("processes")
+            self.startup.lap("engine", within=_load_seconds(load_worker_groups(self.groups)))
             self.actor: RayWorkerGroup = self.groups["actor_rollout"]
             self.critic: RayWorkerGroup | None = self.groups.get("critic")
             self.reward_model: RayWorkerGroup | None = self.groups.get("reward_model")
@@ -134,6 +156,7 @@ class RLTrainer:
                 wandb_mode=config.trainer.wandb_mode,
             )
             resources.callback(self.logger.close)
+            self.startup.lap("loggers")
             self._resources = resources.pop_all()
         self._prompts = self._prompt_stream()
 
@@ -317,3 +340,23 @@ class RLTrainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_LOAD_REPORTS = {
+    "actor_rollout": ("model", "init/load_s"),
+    "critic": ("critic", "init/critic_load_s"),
+    "reward_model": ("reward_model", "init/reward_model_load_s"),
+}
+"""Per role: the start-up part its model loading counts towards, and the key of its ``init_model`` report."""
+
+
+def _load_seconds(reports: Mapping[str, list[dict[str, float]]]) -> dict[str, float]:
+    """The slowest rank's model-loading seconds per start-up part (`_LOAD_REPORTS`), from the groups'
+    ``init_model`` reports; a role whose class reports none is left out."""
+    out: dict[str, float] = {}
+    for role, ranks in reports.items():
+        part, key = _LOAD_REPORTS[role]
+        seconds = [report[key] for report in ranks if isinstance(report, Mapping) and key in report]
+        if seconds:
+            out[part] = max(seconds)
+    return out

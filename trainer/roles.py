@@ -33,10 +33,12 @@ __all__ = [
     "build_worker_groups",
     "critic_settings",
     "engine_settings",
+    "load_worker_groups",
     "model_settings",
     "resharding_settings",
     "reward_model_settings",
     "reward_settings",
+    "start_worker_groups",
     "worker_class",
 ]
 
@@ -230,12 +232,28 @@ def build_worker_groups(
     pools: dict[str, ResourcePool],
     worker_classes: Mapping[str, type[Worker]] = FrozenMap(),
 ) -> dict[str, RayWorkerGroup]:
-    """Start the roles the run needs on their pools (colocated where they share one) and load them.
+    """Start the roles the run needs on their pools (colocated where they share one) and load them:
+    `start_worker_groups`, then `load_worker_groups`."""
+    groups = start_worker_groups(config, sizes, total_steps, model_dir, pools, worker_classes)
+    load_worker_groups(groups)
+    return groups
+
+
+def start_worker_groups(
+    config: RunConfig,
+    sizes: DerivedSizes,
+    total_steps: int,
+    model_dir: Path,
+    pools: dict[str, ResourcePool],
+    worker_classes: Mapping[str, type[Worker]] = FrozenMap(),
+) -> dict[str, RayWorkerGroup]:
+    """Start the processes of the roles the run needs on their pools (colocated where they share one)
+    and construct the roles in them, without loading any model (`load_worker_groups` does).
 
     ``worker_classes`` maps a role to a recipe's subclass of its shipped class (`worker_class`), built
     with the same arguments. Roles on the same pool share one process per slot; a role on another pool
-    gets processes of its own. If any start or load fails, every process started here is stopped before
-    the error propagates (the pools' placement groups stay: they belong to the caller).
+    gets processes of its own. If any start fails, every process started here is stopped before the
+    error propagates (the pools' placement groups stay: they belong to the caller).
     """
     model = model_settings(config, config.actor, model_dir)
     roles = {
@@ -255,12 +273,15 @@ def build_worker_groups(
     if unused:
         raise ValueError(f"worker_classes names role(s) {unused} that this run does not start")
     placement = {role: pools[config.resource.pool_of(role)] for role in roles}
-    # Stops what it started if a role fails to start; loading is this function's to clean up.
-    groups = create_worker_groups(roles, placement)
+    return create_worker_groups(roles, placement)
+
+
+def load_worker_groups(groups: Mapping[str, RayWorkerGroup]) -> dict[str, list[dict[str, float]]]:
+    """``init_model`` on every group, one after the other; returns each role's per-rank reports (the
+    actor's ``init/load_s`` and ``init/engine_s``). If any load fails, every process of ``groups`` is
+    stopped before the error propagates."""
     try:
-        for group in groups.values():
-            group.init_model()
+        return {role: group.init_model() for role, group in groups.items()}
     except BaseException:
         shutdown_worker_groups(groups.values(), "the trainer failed to load its worker groups")
         raise
-    return groups

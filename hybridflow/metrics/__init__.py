@@ -12,7 +12,11 @@
   reward-hacking signals and "is it training?" diagnostics (``monitor/*``), ``TrainingAlarm``;
 - :mod:`~hybridflow.metrics.loggers`: console, jsonl, tensorboard and wandb loggers, ``MultiLogger``,
   ``create_logger``;
-- :mod:`~hybridflow.metrics.plot`: ``python -m hybridflow.metrics.plot RUN.jsonl --out DIR``.
+- :mod:`~hybridflow.metrics.plot`: ``python -m hybridflow.metrics.plot RUN.jsonl --out DIR``;
+- :mod:`~hybridflow.metrics.startup`: ``StartupTimer`` (``startup/*``: where the time before the first
+  step goes), ``process_age_s``;
+- :mod:`~hybridflow.metrics.log_routing`: a quiet console: worker output and library warnings to the
+  run's log folder, own warnings to the console.
 
 docs/metrics.md lists every metric name.
 """
@@ -42,6 +46,7 @@ from hybridflow.metrics.rl import (
     truncation_metrics,
     zero_variance_group_fraction,
 )
+from hybridflow.metrics.startup import StartupTimer, process_age_s
 from hybridflow.metrics.timing import PHASES, PhaseTimer, Timer, throughput_metrics
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "MultiLogger",
     "PhaseTimer",
     "RewardDriftTracker",
+    "StartupTimer",
     "TensorBoardLogger",
     "Timer",
     "TrainingAlarm",
@@ -70,6 +76,7 @@ __all__ = [
     "log_prob_gap_metrics",
     "metric_kind",
     "population_stability_index",
+    "process_age_s",
     "read_jsonl",
     "reduce_metrics",
     "response_length_metrics",

@@ -90,6 +90,7 @@ RUNTIME_READS: dict[str, tuple[str, str]] = {
     "trainer.checkpoint_dir": ("trainer/rl_trainer.py", "self.config.trainer.checkpoint_dir"),
     "trainer.resume": ("trainer/rl_trainer.py", "self.config.trainer.resume"),
     "trainer.loggers": ("trainer/rl_trainer.py", "config.trainer.loggers"),
+    "trainer.console": ("trainer/ray_runtime.py", "config.trainer.console"),
     "trainer.project": ("trainer/rl_trainer.py", "config.trainer.project"),
     "trainer.experiment": ("trainer/rl_trainer.py", "config.trainer.experiment"),
     "trainer.output_dir": ("trainer/rl_trainer.py", "config.trainer.output_dir"),

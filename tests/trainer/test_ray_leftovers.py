@@ -18,10 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """
 import os, sys, time
 import ray
-from trainer.config import RunConfig
+from trainer.config import RunConfig, TrainerConfig
 from trainer.ray_runtime import start_ray
 
-with start_ray(RunConfig()):
+with start_ray(RunConfig(trainer=TrainerConfig(console="verbose"))):
     @ray.remote
     def pid():
         return os.getpid()

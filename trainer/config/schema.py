@@ -406,7 +406,9 @@ class TrainerConfig:
 
     ``total_steps`` (when set) overrides ``total_epochs``. ``val_every``/``save_every`` 0 means never.
     ``resume`` is ``auto`` (latest checkpoint in ``checkpoint_dir`` if any), ``disable`` or a checkpoint
-    path.
+    path. ``console``: ``quiet`` sends the engine's and Ray's output to ``<output_dir>/logs`` and keeps
+    the console to the progress bar, the metric lines and real warnings
+    (`hybridflow.metrics.log_routing`); ``verbose`` leaves every process's output on the console.
     """
 
     total_epochs: int = _field(1, ge=1)
@@ -421,6 +423,7 @@ class TrainerConfig:
     experiment: str = "default"
     output_dir: str = "outputs/${trainer.project}/${trainer.experiment}"
     wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+    console: Literal["quiet", "verbose"] = "quiet"
 
 
 @dataclass(frozen=True)

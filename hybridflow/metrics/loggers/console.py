@@ -22,8 +22,11 @@ DEFAULT_CONSOLE_KEYS = (
     "actor/entropy",
     "sync/log_prob_abs_diff_max",
     "timing_s/step",
+    "startup/*",
 )
-"""The headline metrics printed per step (when present); the rest go to the file loggers."""
+"""The headline metrics printed per step (when present); the rest go to the file loggers. A key ending
+in ``/*`` stands for every metric under that prefix, in the order logged (``startup/*``: the start-up's
+parts, logged once)."""
 
 
 class ConsoleLogger(MetricLogger):
@@ -31,7 +34,8 @@ class ConsoleLogger(MetricLogger):
 
     Args:
         total_steps: length of the run, for the bar and the ``3/100`` counter; None if unknown.
-        keys: metrics to print, in order; those missing from a step are left out.
+        keys: metrics to print, in order; those missing from a step are left out. ``prefix/*`` names
+            every metric under ``prefix/``.
         stream: where lines and the bar go (default: standard error, away from program output).
         progress: whether to show the progress bar.
     """
@@ -54,9 +58,18 @@ class ConsoleLogger(MetricLogger):
 
     def format_line(self, metrics: Mapping[str, Any], step: int) -> str:
         """The line printed for one step."""
-        values = to_scalars({key: metrics[key] for key in self.keys if key in metrics})
+        values = to_scalars({key: metrics[key] for key in self._present(metrics)})
         counter = f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"
         return " | ".join([counter, *(f"{key} {value:.4g}" for key, value in values.items())])
+
+    def _present(self, metrics: Mapping[str, Any]) -> list[str]:
+        present: list[str] = []
+        for key in self.keys:
+            if key.endswith("/*"):
+                present.extend(name for name in metrics if name.startswith(key[:-1]))
+            elif key in metrics:
+                present.append(key)
+        return present
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         line = self.format_line(metrics, step)
