@@ -8,6 +8,11 @@ the existing default process group). All ranks of a TP group must call ``generat
 groups are data-parallel and generate independently, each with its own seed stream.
 
 Keep the engine for the whole process: shutting vLLM down destroys the default process group.
+
+With ``RolloutConfig.enable_prompt_embeds`` the engine also decodes from input embeddings, one position
+at a time (`VLLMRolloutEngine.embedding_session`): each position is one request whose prompt is the row's
+input vectors so far, answered with the full next-token distribution; vLLM's prefix cache (keyed by the
+vectors' bytes) spares recomputing the earlier positions.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.seeding import SeedStream, data_parallel_rank
 
-__all__ = ["VLLMRolloutEngine"]
+__all__ = ["VLLMEmbeddingSession", "VLLMRolloutEngine"]
 
 _CPU_WORKER = "hybridflow.rollout.vllm_cpu_worker.JobScopedShmCPUWorker"
 
@@ -143,6 +148,9 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_prefix_caching=config.enable_prefix_caching,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
+            enable_prompt_embeds=config.enable_prompt_embeds,
+            # An embedding session asks for the whole vocabulary's log-probs (-1: no limit).
+            max_logprobs=-1 if config.enable_prompt_embeds else 20,
             **platform_args,
         )
         # CPU only: (storage, allocated bytes) of the KV cache, freed and restored by release/resume.
@@ -214,6 +222,43 @@ class VLLMRolloutEngine(RolloutEngine):
             self.pad_token_id,
         )
 
+    def embedding_session(self, prompt_embeds: Sequence[torch.Tensor]) -> VLLMEmbeddingSession:
+        """Start decoding from input embeddings: one ``[len_i, hidden]`` tensor per row. See
+        `VLLMEmbeddingSession`; needs ``RolloutConfig.enable_prompt_embeds``."""
+        if not self.config.enable_prompt_embeds:
+            raise RuntimeError("embedding_session needs the engine built with rollout enable_prompt_embeds=True")
+        if self._released:
+            raise RuntimeError("the engine is released; call resume() before embedding_session()")
+        return VLLMEmbeddingSession(self, prompt_embeds)
+
+    def next_token_log_probs(self, prompt_embeds: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``[rows, vocab]`` float32 next-token log-probs (nats, temperature 1) after each row's input
+        vectors ``[len_i, hidden]``."""
+        longest = max(row.shape[0] for row in prompt_embeds)
+        if longest >= self.config.max_model_len:
+            raise ValueError(
+                f"{longest} input embeddings + 1 position exceed rollout.max_model_len {self.config.max_model_len}"
+            )
+        dtype = getattr(torch, self.config.dtype)
+        # Greedy: processed log-probs are then those of the raw logits, and no random draw is made.
+        params = VLLMSamplingParams(
+            n=1, temperature=0.0, max_tokens=1, logprobs=-1, flat_logprobs=True, detokenize=False
+        )
+        outputs = self._llm.generate(
+            [{"prompt_embeds": row.detach().to("cpu", dtype)} for row in prompt_embeds], params, use_tqdm=False
+        )
+        vocab = self._vocab_size
+        dense = torch.full((len(outputs), vocab), float("-inf"))
+        for i, request in enumerate(outputs):
+            flat = request.outputs[0].logprobs
+            ids = torch.tensor(flat.token_ids[flat.start_indices[0] : flat.end_indices[0]])
+            dense[i, ids] = torch.tensor(flat.logprobs[flat.start_indices[0] : flat.end_indices[0]])
+        return dense
+
+    @property
+    def _vocab_size(self) -> int:
+        return self._llm.llm_engine.model_config.get_vocab_size()
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``(hf_name, full_tensor)`` pairs with the model runner's in-place ``reload_weights``.
 
@@ -263,3 +308,30 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm.reset_prefix_cache()
         self._released = False
         return restored
+
+
+class VLLMEmbeddingSession:
+    """Decoding from input embeddings with vLLM, one position at a time; the same interface as
+    `hybridflow.rollout.hf_engine.HFEmbeddingSession`.
+
+    ``log_probs [rows, vocab]`` (float32, nats) is every row's next-token distribution at temperature 1
+    after its inputs so far; `append` adds one input vector per row and returns the new ``log_probs``.
+    Each call sends every row's whole input again as ``prompt_embeds``; the prefix cache serves the
+    positions it has seen. All ranks of a TP group must call it together with the same inputs.
+    """
+
+    def __init__(self, engine: VLLMRolloutEngine, prompt_embeds: Sequence[torch.Tensor]) -> None:
+        if not prompt_embeds:
+            raise ValueError("prompt_embeds must hold at least one row")
+        self._engine = engine
+        self._rows = [row.detach().to("cpu", torch.float32) for row in prompt_embeds]
+        self.log_probs = engine.next_token_log_probs(self._rows)
+
+    def append(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Feed ``embeds [rows, hidden]`` as every row's next input; returns ``log_probs [rows, vocab]``."""
+        if embeds.dim() != 2 or embeds.shape[0] != len(self._rows):
+            raise ValueError(f"append takes [rows={len(self._rows)}, hidden] embeddings, got {tuple(embeds.shape)}")
+        step = embeds.detach().to("cpu", torch.float32)
+        self._rows = [torch.cat([row, step[i : i + 1]]) for i, row in enumerate(self._rows)]
+        self.log_probs = self._engine.next_token_log_probs(self._rows)
+        return self.log_probs
