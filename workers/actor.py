@@ -44,6 +44,7 @@ from hybridflow.parallel import (
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
+from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
@@ -191,7 +192,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with self.resharder as engine:
             generated = time.perf_counter()
-            rollouts = engine.generate(prompts, sampling)
+            rollouts = self._sample(engine, prompts, sampling)
             generate_s = time.perf_counter() - generated
         to_inference, to_training = self.resharder.reports[-2:]
         local = {
@@ -204,6 +205,12 @@ class ActorRolloutRefWorker(Worker):
         dist.all_gather_object(per_rank, local)
         rollouts.meta.update(rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}))
         return rollouts
+
+    def _sample(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """The rollouts of `generate_sequences`, drawn from ``engine`` in the inference layout:
+        ``engine.generate``. A recipe's worker class overrides it for a new kind of rollout (soft
+        embedding inputs, say); the layout switches and their metrics stay `generate_sequences`'s."""
+        return engine.generate(prompts, sampling)
 
     # ------------------------------------------------------------------ log-probs
 
@@ -218,20 +225,26 @@ class ActorRolloutRefWorker(Worker):
     ) -> TokenLogProbs:
         """``stats`` of ``model`` over ``batch`` in micro-batches of ``rows`` rows, or of at most
         ``max_tokens`` valid tokens when that is set."""
-        config = self.actor_config
         parts, restore = micro_batches(batch, rows, max_tokens)
-        outs = [
-            sequence_log_probs(
-                model,
-                part,
-                temperature=temperature,
-                use_packing=config.use_packing,
-                chunk_size=config.logit_chunk_size,
-                stats=stats,
-            )
-            for part in parts
-        ]
+        outs = [self._sequence_stats(model, part, temperature, stats) for part in parts]
         return TokenLogProbs({name: torch.cat([o.values[name] for o in outs])[restore] for name in outs[0].values})
+
+    def _sequence_stats(
+        self, model: nn.Module, batch: Batch, temperature: float, stats: Sequence[str | TokenStatistic]
+    ) -> TokenLogProbs:
+        """Token statistics of one micro-batch's responses, ``[micro_batch, response_len]`` each
+        (`sequence_log_probs`): every training-layout forward of the actor and the reference goes through
+        here, so a recipe's worker class can override it for sequences that are not plain token ids. In
+        `update_actor` the micro-batch also carries ``advantages``."""
+        config = self.actor_config
+        return sequence_log_probs(
+            model,
+            batch,
+            temperature=temperature,
+            use_packing=config.use_packing,
+            chunk_size=config.logit_chunk_size,
+            stats=stats,
+        )
 
     @register(
         dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("old_log_probs",), prepare=_resolve_stats_argument
@@ -356,14 +369,8 @@ class ActorRolloutRefWorker(Worker):
         local: dict[str, float] = defaultdict(float)
         gap = LogProbGap()
         for part in parts:
-            out = sequence_log_probs(
-                self.model,
-                part,
-                temperature=temperature,
-                use_packing=config.use_packing,
-                chunk_size=config.logit_chunk_size,
-                stats=("log_prob", "entropy") if loss_fn.needs_entropy else ("log_prob",),
-            )
+            stats = ("log_prob", "entropy") if loss_fn.needs_entropy else ("log_prob",)
+            out = self._sequence_stats(self.model, part, temperature, stats)
             if on_policy:
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:

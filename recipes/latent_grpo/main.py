@@ -1,0 +1,171 @@
+"""Latent-GRPO (Deng et al. 2026, "Latent-GRPO: Group Relative Policy Optimization for Latent Reasoning",
+arXiv 2604.27998): GRPO for a model that reasons in continuous superposition steps before its answer.
+
+A rollout runs a latent phase (each step a soft mixture of the top-K token embeddings under one-sided Gumbel
+noise, `recipes.latent_grpo.latent`) until end-of-thinking comes out on top, then samples the answer
+explicitly (`recipes.latent_grpo.rollout`, in the worker class `recipes.latent_grpo.worker.LatentActor`).
+A latent step's log-prob in training is the mean Gumbel log-density of its stored candidates, with the
+straight-through sign flip where the advantage is <= 0. Advantages are GRPO's group z-score with truncated
+samples masked out and one positive first step kept per group.
+
+The model starts from a supervised stage that teaches the latent format on 2-digit addition
+(`recipes.latent_grpo.sft`). ``recipe.variant: explicit`` runs the baseline instead: the same supervised
+stage on the explicit chain, then plain GRPO (`trainer.fit()`'s configured step).
+
+Run from the repository root (the workers import this package):
+    python -m recipes.latent_grpo.main [key=value overrides of config.yaml]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from hybridflow.contract import step_columns
+from hybridflow.data.synthetic import ensure_arithmetic_splits
+from hybridflow.protocol import Batch
+from recipes.latent_grpo.latent import LatentSampling, latent_grpo_advantages
+from recipes.latent_grpo.rollout import LATENT_COLUMNS
+from recipes.latent_grpo.sft import SFTConfig, supervised_model
+from recipes.latent_grpo.task import END_OF_THINKING
+from recipes.latent_grpo.worker import LatentActor
+from trainer.algorithms import rl_step
+from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
+from trainer.fit import StepFn
+from trainer.model_setup import prepare_model_dir
+from trainer.ray_runtime import start_ray
+from trainer.rl_trainer import RLTrainer
+from trainer.steps import MODEL_INPUTS, generate, score
+from workers.training import balanced_update_order
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(".cache/recipes/latent_grpo/data")  # config.yaml's data.train_files / val_files point here
+CACHE = Path(".cache/recipes/latent_grpo")
+
+
+@dataclass(frozen=True)
+class LatentGRPOSettings:
+    """``recipe.*`` keys: which variant runs, the latent step's sampling, the supervised stage, and an
+    optional budget of training seconds (0: run ``trainer.total_steps``)."""
+
+    variant: Literal["latent", "explicit"] = "latent"
+    top_k: int = recipe_field(10, ge=1)
+    tau: float = recipe_field(1.0, gt=0)
+    noise_scale: float = recipe_field(1.0, ge=0)
+    sft_steps: int = recipe_field(300, ge=1)
+    sft_batch_size: int = recipe_field(128, ge=1)
+    sft_lr: float = recipe_field(3e-3, gt=0)
+    time_budget_s: float = recipe_field(0.0, ge=0)
+
+
+@step_columns(reads=(*MODEL_INPUTS, *LATENT_COLUMNS), writes=("old_log_probs",))
+def latent_old_log_probs(trainer: RLTrainer, rollouts: Batch) -> Batch:
+    """``old_log_probs [batch, response_len]``: latent positions' Gumbel log-densities and explicit
+    tokens' log-probs under the current policy, in the training layout."""
+    with trainer.timer.phase("log_prob"):
+        return trainer.actor.compute_log_prob(
+            rollouts.select(*MODEL_INPUTS, *LATENT_COLUMNS, meta=False), temperature=trainer.config.rollout.temperature
+        )
+
+
+@step_columns(reads=("scores", "response_mask", "group_ids", "old_log_probs", "finish_reason"), writes=("advantages",))
+def latent_advantages(rollouts: Batch) -> Batch:
+    """``advantages [batch, response_len]`` (`latent_grpo_advantages`); a row is truncated when it hit
+    the length limit."""
+    truncated = torch.tensor([reason == "length" for reason in rollouts["finish_reason"]])
+    return Batch(
+        {
+            "advantages": latent_grpo_advantages(
+                rollouts["scores"], rollouts["response_mask"], rollouts["group_ids"], truncated, rollouts["old_log_probs"]
+            )
+        }
+    )
+
+
+@step_columns(reads=(*MODEL_INPUTS, *LATENT_COLUMNS, "advantages", "old_log_probs"))
+def latent_update_actor(trainer: RLTrainer, rollouts: Batch) -> None:
+    """One actor update on the latent rollouts (the configured clipped objective); records ``actor/*``."""
+    batch = rollouts.select(*MODEL_INPUTS, *LATENT_COLUMNS, "advantages", "old_log_probs", meta=False)
+    order = balanced_update_order(batch, trainer.actor.world_size, trainer.config.actor.ppo_mini_batch_size)
+    with trainer.timer.phase("update"):
+        trainer.record(trainer.actor.update_actor(batch.reorder(order), temperature=trainer.config.rollout.temperature)[0])
+
+
+def reasoning_metrics(rollouts: Batch) -> dict[str, float]:
+    """``latent/*``: latent steps and explicit tokens per response, and their sum (the reasoning length)."""
+    latent = rollouts["latent_mask"].sum(-1).float()
+    length = rollouts["response_mask"].sum(-1).float()
+    return {
+        "latent/latent_steps_mean": latent.mean().item(),
+        "latent/explicit_tokens_mean": (length - latent).mean().item(),
+        "latent/reasoning_length_mean": length.mean().item(),
+    }
+
+
+def latent_grpo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+    """One Latent-GRPO step: latent rollouts, reward, old log-probs, masked advantages, update."""
+    rollouts = generate(trainer, prompts)  # LatentActor: latent phase, then explicit sampling
+    rollouts |= score(trainer, rollouts)  # the answer after end-of-thinking
+    rollouts |= latent_old_log_probs(trainer, rollouts)  # Gumbel log-densities at latent positions
+    rollouts |= latent_advantages(rollouts)  # z-score, truncated rows out, one positive first step
+    latent_update_actor(trainer, rollouts)  # clipped surrogate; straight-through flip where A <= 0
+    trainer.record(reasoning_metrics(rollouts))
+    return rollouts
+
+
+def within_budget(step_fn: StepFn, seconds: float) -> StepFn:
+    """``step_fn`` that makes the current step the last (``trainer.total_steps``) once the steps so far
+    took ``seconds`` in all; validation and start-up do not count. ``fit`` then validates and stops."""
+    spent = 0.0
+
+    def step(trainer: RLTrainer, prompts: Batch) -> Batch:
+        nonlocal spent
+        start = time.monotonic()
+        rollouts = step_fn(trainer, prompts)
+        spent += time.monotonic() - start
+        if seconds and spent >= seconds:
+            trainer.total_steps = trainer.step
+        trainer.record({"time/training_s": spent})
+        return rollouts
+
+    return step
+
+
+def latent_sampling(trainer: RLTrainer, settings: LatentGRPOSettings) -> LatentSampling:
+    eot = trainer.tokenizer.convert_tokens_to_ids(END_OF_THINKING)
+    return LatentSampling(settings.top_k, settings.tau, settings.noise_scale, eot)
+
+
+def with_supervised_start(config: RunConfig, overrides: list[str], settings: LatentGRPOSettings) -> RunConfig:
+    """``config`` starting from its tiny model after the supervised stage in the variant's format (unless
+    ``model.path`` names a model already)."""
+    if config.model.path is not None:
+        return config
+    sft = SFTConfig(settings.sft_steps, settings.sft_batch_size, settings.sft_lr, config.model.tiny.seed)
+    initial = prepare_model_dir(config, CACHE)
+    model_dir = supervised_model(initial, config.data.train_files, settings.variant, CACHE, sft)
+    return load_config(HERE / "config.yaml", [*overrides, f"model.path={model_dir}"])
+
+
+def main(overrides: list[str]) -> dict[str, float]:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_arithmetic_splits(DATA)  # 2-digit addition, bare style ("47+38=" -> "85")
+    config = load_config(HERE / "config.yaml", overrides)
+    settings = recipe_settings(config, LatentGRPOSettings)
+    config = with_supervised_start(config, overrides, settings)
+    if settings.variant == "explicit":
+        with start_ray(config), RLTrainer(config) as trainer:
+            return trainer.fit(within_budget(rl_step, settings.time_budget_s))
+    with start_ray(config), RLTrainer(config, worker_classes={"actor_rollout": LatentActor}) as trainer:
+        trainer.actor.set_latent_sampling(latent_sampling(trainer, settings))
+        return trainer.fit(within_budget(latent_grpo_step, settings.time_budget_s))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
