@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the recipe's modules sit beside this file, which tests load by path
@@ -73,6 +74,14 @@ class Re2Settings:
     max_rounds: int = recipe_field(4, ge=1)  # generation rounds per step (dynamic sampling)
     redo_phrase: str = REDO_PHRASE
     answer_pattern: str = r"\d"  # what counts as a final answer after the phrase
+
+
+def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2Settings:
+    """``settings`` with the redo phrase as the policy's ``tokenizer`` writes it (the decoding of its
+    encoding): the text its samples can hold. A tokenizer that drops characters it cannot encode (the
+    character tokenizer saved to disk drops spaces) writes the phrase without them."""
+    ids = tokenizer.encode(settings.redo_phrase, add_special_tokens=False)
+    return replace(settings, redo_phrase=tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def call_seed(trainer: RLTrainer, round_index: int, stage: int) -> int:
@@ -202,7 +211,7 @@ def with_trainer_log_prob_at_appended_eos(rollouts: Batch) -> Batch:
 def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     """One Re² step: two-stage rollouts until the batch holds ``train_batch_size * n`` informative prefix
     groups (or ``max_rounds`` rounds ran), then one DAPO update with advantages within prefix groups."""
-    settings = recipe_settings(trainer.config, Re2Settings)
+    settings = as_written(trainer.tokenizer, recipe_settings(trainer.config, Re2Settings))
     wanted = len(prompts) * trainer.config.rollout.n * settings.continuations
     kept: list[Batch] = []
     first: list[Batch] = []
@@ -240,6 +249,7 @@ def redo_validation(trainer: RLTrainer, settings: Re2Settings, samples: int) -> 
     phrase: ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy
     when every redo is asked again)."""
     config = trainer.config
+    settings = as_written(trainer.tokenizer, settings)
     loader = PromptLoader(
         trainer.val_data,
         config.data.val_batch_size,

@@ -56,10 +56,10 @@ class RedoWarmStart:
         phrase: the redo phrase.
     """
 
-    share: float = 0.1
-    steps: int = 60
+    share: float = 0.15
+    steps: int = 100
     batch_size: int = 64
-    lr: float = 3e-4
+    lr: float = 5e-4
     seed: int = 0
     max_position_embeddings: int = 128
     phrase: str = REDO_PHRASE

@@ -11,9 +11,10 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from hybridflow.data.char_tokenizer import build_char_tokenizer
-from hybridflow.models import build_tiny_causal_lm
+from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.rollout import SamplingParams, response_log_probs
 from tests.recipes._load import RECIPES, load_recipe
@@ -348,3 +349,21 @@ def test_redo_rows_replace_a_share_of_the_answers():
         str(i) for i, a in enumerate(answers) if not a.endswith(PHRASE)
     ]
     assert rows[0]["reward_model"]["ground_truth"] == "0"  # the input rows are not changed
+
+
+def test_the_phrase_is_matched_as_the_policys_tokenizer_writes_it(tmp_path):
+    # The character tokenizer saved into a model directory and loaded from it again drops spaces when it
+    # encodes (it loads as the model's tokenizer class): the model can only ever write the phrase without
+    # them, and that is what a redo must be recognised by.
+    model = build_tiny_causal_lm(len(TOKENIZER), seed=0)
+    loaded = AutoTokenizer.from_pretrained(save_model_dir(model, TOKENIZER, tmp_path))
+    written = re2.as_written(loaded, re2.Re2Settings()).redo_phrase
+    assert written == loaded.decode(loaded.encode(PHRASE, add_special_tokens=False))
+    assert written == PHRASE.replace(" ", "")
+    sample = loaded.encode(f"4{PHRASE}85", add_special_tokens=False)
+    text = loaded.decode(sample)
+    assert redo.is_redo(redo.cut_after_phrase(text, written), written)
+    assert not redo.is_redo(redo.cut_after_phrase(text, PHRASE), PHRASE)  # the spaced phrase never matches
+    assert redo.phrase_end_token(sample, loaded.decode, written) == 1 + len(written)
+    # A tokenizer that keeps every character writes the phrase as it is.
+    assert re2.as_written(TOKENIZER, re2.Re2Settings()).redo_phrase == PHRASE
