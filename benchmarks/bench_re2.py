@@ -18,8 +18,8 @@ first-stage samples and continuations included), and is evaluated every ``--eval
 redo rate and the accuracy over non-redo samples (the test-time accuracy when every redo is asked again,
 at 1 / (1 - redo rate) attempts per question).
 
-Run (from the repository root; a few minutes per algorithm on a quiet 2-core host):
-    RAY_AUTH_MODE=disabled python benchmarks/bench_re2.py --budget-tokens 60000 --eval-every-tokens 20000
+Run (from the repository root; about 5 minutes per algorithm on a 2-core host, more under load):
+    RAY_AUTH_MODE=disabled python benchmarks/bench_re2.py --budget-tokens 40000 --eval-every-tokens 10000
 """
 
 from __future__ import annotations
@@ -230,8 +230,8 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budget-tokens", type=float, default=60000, help="generated tokens per algorithm")
-    parser.add_argument("--eval-every-tokens", type=float, default=20000)
+    parser.add_argument("--budget-tokens", type=float, default=40000, help="generated tokens per algorithm")
+    parser.add_argument("--eval-every-tokens", type=float, default=10000)
     parser.add_argument("--samples", type=int, default=2, help="sampled answers per held-out problem")
     parser.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
     parser.add_argument("--seed", type=int, default=0)
