@@ -27,7 +27,10 @@ def run_config_file(
     """Load and validate a config, start (or join) Ray, and train; returns the last validation metrics."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(path, overrides)
-    with start_ray(config, ray_address), RLTrainer(config) as trainer:
+    with (
+        start_ray(config, ray_address) as ray_start,
+        RLTrainer(config, startup_s={"ray": ray_start.seconds}) as trainer,
+    ):
         return trainer.fit()
 
 
