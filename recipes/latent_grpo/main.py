@@ -57,7 +57,7 @@ class LatentGRPOSettings:
     variant: Literal["latent", "explicit"] = "latent"
     top_k: int = recipe_field(10, ge=1)
     tau: float = recipe_field(1.0, gt=0)
-    noise_scale: float = recipe_field(1.0, ge=0)
+    noise_scale: float = recipe_field(0.1, ge=0)
     sft_steps: int = recipe_field(300, ge=1)
     sft_batch_size: int = recipe_field(128, ge=1)
     sft_lr: float = recipe_field(3e-3, gt=0)
