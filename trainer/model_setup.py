@@ -6,10 +6,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.char_tokenizer import build_char_tokenizer
-from hybridflow.models import build_tiny_causal_lm, save_model_dir
+from hybridflow.models import build_tiny_causal_lm, load_tokenizer_dir, save_model_dir
 from trainer.config import RunConfig
 
 __all__ = ["load_tokenizer", "prepare_model_dir"]
@@ -17,7 +17,7 @@ __all__ = ["load_tokenizer", "prepare_model_dir"]
 
 def load_tokenizer(config: RunConfig, model_dir: Path) -> PreTrainedTokenizerBase:
     """The tokenizer named by ``model.tokenizer``, else the model directory's own."""
-    return AutoTokenizer.from_pretrained(config.model.tokenizer or str(model_dir))
+    return load_tokenizer_dir(config.model.tokenizer or model_dir)
 
 
 def prepare_model_dir(config: RunConfig, output_dir: Path) -> Path:
@@ -30,7 +30,7 @@ def prepare_model_dir(config: RunConfig, output_dir: Path) -> Path:
     marker = target / "tiny_spec.json"
     if marker.exists() and marker.read_text() == spec:
         return target
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer) if config.model.tokenizer else build_char_tokenizer()
+    tokenizer = load_tokenizer_dir(config.model.tokenizer) if config.model.tokenizer else build_char_tokenizer()
     tiny = config.model.tiny
     model = build_tiny_causal_lm(
         vocab_size=tiny.vocab_size or len(tokenizer),

@@ -2,8 +2,9 @@
 
 Every character of the alphabet is one token; there are no merges. The tokenizer is a regular
 ``transformers.PreTrainedTokenizerFast`` built in code from the ``tokenizers`` library, so
-``save_pretrained`` writes a ``tokenizer.json`` that ``AutoTokenizer.from_pretrained`` and vLLM load
-like any other.
+``save_pretrained`` writes a ``tokenizer.json`` that ``hybridflow.models.load_tokenizer_dir`` reads back
+as written (``AutoTokenizer`` next to a Qwen2 ``config.json`` would pick ``Qwen2Tokenizer`` and drop
+spaces).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hybridflow.models.io import load_causal_lm, read_special_token_ids, save_model_dir
+from hybridflow.models.io import load_causal_lm, load_tokenizer_dir, read_special_token_ids, save_model_dir
 from hybridflow.models.tiny import build_tiny_causal_lm
 
 # Loaded on first use, so that `python -m hybridflow.models.gguf` runs the module once, as __main__.
@@ -23,6 +23,7 @@ __all__ = [
     "ensure_converted",
     "find_package_gguf",
     "load_causal_lm",
+    "load_tokenizer_dir",
     "read_special_token_ids",
     "save_model_dir",
 ]

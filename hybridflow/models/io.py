@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
-__all__ = ["load_causal_lm", "read_special_token_ids", "save_model_dir"]
+__all__ = ["load_causal_lm", "load_tokenizer_dir", "read_special_token_ids", "save_model_dir"]
+
+# What tokenizer_config.json names for a tokenizer defined wholly by its tokenizer.json.
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def save_model_dir(
@@ -29,6 +35,23 @@ def save_model_dir(
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
+
+
+def load_tokenizer_dir(path_or_name: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in a model directory (or a hub name), as it was saved.
+
+    ``AutoTokenizer`` prefers the class registered for the model type of the directory's
+    ``config.json``, which builds its pre-tokenizer from its own rules: a tokenizer saved as a generic
+    one (``tokenizer_class`` ``TokenizersBackend``, as `hybridflow.data.build_char_tokenizer` is) next
+    to a Qwen2 model would come back as ``Qwen2Tokenizer`` and drop every space. A generic tokenizer is
+    therefore read from its ``tokenizer.json`` as written; any other goes through ``AutoTokenizer``.
+    """
+    tokenizer_config = Path(path_or_name) / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        saved_class = json.loads(tokenizer_config.read_text()).get("tokenizer_class")
+        if saved_class in _GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(str(path_or_name))
+    return AutoTokenizer.from_pretrained(str(path_or_name))
 
 
 def load_causal_lm(

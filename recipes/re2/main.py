@@ -78,8 +78,8 @@ class Re2Settings:
 
 def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2Settings:
     """``settings`` with the redo phrase as the policy's ``tokenizer`` writes it (the decoding of its
-    encoding): the text its samples can hold. A tokenizer that drops characters it cannot encode (the
-    character tokenizer saved to disk drops spaces) writes the phrase without them."""
+    encoding): the text its samples can hold. A tokenizer that drops characters it cannot encode writes
+    the phrase without them."""
     ids = tokenizer.encode(settings.redo_phrase, add_special_tokens=False)
     return replace(settings, redo_phrase=tokenizer.decode(ids, skip_special_tokens=True))
 

@@ -26,11 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from re2_redo import REDO_PHRASE
-from transformers import AutoTokenizer
 
 from hybridflow.data import read_rows
 from hybridflow.data.synthetic import ensure_arithmetic_splits
-from hybridflow.models import load_causal_lm, save_model_dir
+from hybridflow.models import load_causal_lm, load_tokenizer_dir, save_model_dir
 from trainer.warm_start import WarmStartConfig, warm_start
 
 __all__ = ["RedoWarmStart", "ensure_task", "redo_rows", "redo_warm_started_model"]
@@ -97,7 +96,7 @@ def redo_warm_started_model(
     target = cache_dir / f"redo_warm_start-{key}"
     if (target / RECORD_FILE).exists():
         return target, json.loads((target / RECORD_FILE).read_text())["accuracy"]
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    tokenizer = load_tokenizer_dir(base_dir)
     train = redo_rows(read_rows(data_dir / "train.parquet"), config.share, config.seed, config.phrase)
     held_out = read_rows(data_dir / "test.parquet")
     with tempfile.TemporaryDirectory(prefix="redo-warm-start-") as scratch:

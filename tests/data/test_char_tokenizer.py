@@ -3,6 +3,7 @@
 from transformers import AutoTokenizer
 
 from hybridflow.data import build_char_tokenizer
+from hybridflow.models import build_tiny_causal_lm, load_tokenizer_dir, save_model_dir
 
 
 def test_round_trip_one_token_per_character():
@@ -43,3 +44,15 @@ def test_saved_tokenizer_loads_back_with_auto_tokenizer(tmp_path):
     assert loaded.eos_token == "</s>" and loaded.pad_token_id == 0
     assert loaded.padding_side == "left"
     assert loaded.apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False) == "1+1="
+
+
+def test_tokenizer_saved_beside_a_qwen2_model_keeps_its_spaces(tmp_path):
+    # AutoTokenizer next to a Qwen2 config.json picks Qwen2Tokenizer, whose own pre-tokenizer drops
+    # spaces ("It's better" -> "It'sbetter"); load_tokenizer_dir reads the tokenizer as it was saved.
+    tokenizer = build_char_tokenizer()
+    save_model_dir(build_tiny_causal_lm(len(tokenizer)), tokenizer, tmp_path)
+    text = "It's better to redo 12 + 34"
+    loaded = load_tokenizer_dir(tmp_path)
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+    assert (loaded.pad_token_id, loaded.eos_token_id, loaded.padding_side) == (0, 2, "left")
