@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hybridflow.data import read_rows
 from hybridflow.data.chat import render_prompt
-from hybridflow.models.io import load_causal_lm, save_model_dir
+from hybridflow.models.io import load_causal_lm, load_tokenizer_dir, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.rollout import HFRolloutEngine, SamplingParams
 from recipes.latent_grpo.latent import LatentSampling
@@ -144,7 +144,7 @@ def supervised_model(
     if (target / RECORD_FILE).exists():
         return target
     model = load_causal_lm(initial_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(initial_dir))
+    tokenizer = load_tokenizer_dir(initial_dir)
     rows = [row for path in train_files for row in read_rows(path)]
     start = time.monotonic()
     threads = torch.get_num_threads()
