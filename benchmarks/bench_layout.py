@@ -14,7 +14,6 @@ warm-up) of the step and of its phases, from the trainer's own metrics.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 from dataclasses import replace
@@ -23,14 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._recipes import load_recipe  # noqa: E402
 from hybridflow.metrics import read_jsonl  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402
 from trainer.warm_start import warm_started_model  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("arithmetic_demo_main", REPO / "recipes/arithmetic_demo/main.py")
-DEMO = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(DEMO)
+DEMO = load_recipe("arithmetic_demo")
 
 LAYOUTS = {
     "2 ranks x 1 thread": ["resource.slots_per_node=2", "resource.cpus_per_slot=1"],

@@ -20,32 +20,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._recipes import load_recipe  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
 from trainer.algorithms import rl_step  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402
 from trainer.warm_start import warm_started_model  # noqa: E402
-
-
-def load_recipe(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", REPO / "recipes" / name / "main.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 DEMO, DAPO, INTUITOR = load_recipe("arithmetic_demo"), load_recipe("dapo"), load_recipe("intuitor")
 
