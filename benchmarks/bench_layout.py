@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._recipes import load_recipe  # noqa: E402
 from hybridflow.metrics import read_jsonl  # noqa: E402
+from tests.recipes._load import load_recipe  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402
 from trainer.warm_start import warm_started_model  # noqa: E402

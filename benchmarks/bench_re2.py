@@ -37,11 +37,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._recipes import load_recipe  # noqa: E402
 from hybridflow.algos.masked import last_valid_token_mask  # noqa: E402
 from hybridflow.data import PromptLoader  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
 from hybridflow.rollout.sampling import SamplingParams  # noqa: E402
+from tests.recipes._load import load_recipe  # noqa: E402
 from trainer.config import load_config, recipe_settings  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402

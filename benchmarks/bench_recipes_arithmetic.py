@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._recipes import load_recipe  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
+from tests.recipes._load import load_recipe  # noqa: E402
 from trainer.algorithms import rl_step  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402
