@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -69,7 +70,8 @@ class RLTrainer:
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
             slowest rank's model load and FSDP2 wrap; ``critic`` and ``reward_model`` likewise),
-            ``engine`` (the rest of the load call: the rollout engine's start), ``loggers``; `fit`
+            ``engine`` (the rest of the load call: the rollout engine's start; the reward workers start
+            alongside), ``loggers``; `fit`
             adds ``resume`` and ``validation`` and logs ``startup/*`` once, before the first step.
 
     Use as a context manager (or call `close`) so worker processes and reward workers stop.
@@ -128,8 +130,7 @@ class RLTrainer:
         # what was built (in reverse order) before the error propagates, so a failed construction
         # leaves nothing running.
         with ExitStack() as resources:
-            # The reward functions resolve here and their pool starts on the first call: a wrong name
-            # fails before any worker process starts.
+            # The reward functions resolve here: a wrong name fails before any worker process starts.
             self.reward = RewardManager(reward_settings(config))
             resources.callback(self.reward.close)
             self.startup.lap("reward")
@@ -142,7 +143,14 @@ class RLTrainer:
             )
             resources.callback(self._stop_workers)
             self.startup.lap("processes")
-            self.startup.lap("engine", within=_load_seconds(load_worker_groups(self.groups)))
+            # The reward workers start while the ranks load: the controller only waits there, and the
+            # reward pool's start (its process server imports the main script) would otherwise land on
+            # the first validation or step.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-start") as background:
+                reward_started = background.submit(self.reward.start)
+                reports = load_worker_groups(self.groups)
+                reward_started.result()
+            self.startup.lap("engine", within=_load_seconds(reports))
             self.actor: RayWorkerGroup = self.groups["actor_rollout"]
             self.critic: RayWorkerGroup | None = self.groups.get("critic")
             self.reward_model: RayWorkerGroup | None = self.groups.get("reward_model")

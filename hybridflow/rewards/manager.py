@@ -172,6 +172,17 @@ class RewardManager:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def start(self) -> None:
+        """Start the worker processes now rather than on the first call (no-op while they run).
+
+        The first worker's start waits for the process server to import the main script, seconds of
+        CPU; a caller that is itself waiting (on model loading, say) can run this in a thread to hide it.
+        """
+        if self._pool is None or self._pool.closed:
+            self._pool = ScoringPool(
+                self._functions, self.config.num_workers, self.config.timeout_s, self.config.kill_grace_s
+            )
+
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
         if self._pool is not None:
@@ -206,10 +217,7 @@ class RewardManager:
                 sources, batch["response_text"], batch["ground_truth"], extra_info, strict=True
             )
         ]
-        if self._pool is None or self._pool.closed:
-            self._pool = ScoringPool(
-                self._functions, self.config.num_workers, self.config.timeout_s, self.config.kill_grace_s
-            )
+        self.start()
         restarts_before = self._pool.restarts
         outcomes = self._pool.score(tasks)
 

@@ -178,3 +178,22 @@ def test_configuration_errors_are_raised_at_construction(tmp_path):
         RewardManager(RewardConfig(shaping=({"name": "shorter"},)))
     with pytest.raises(TypeError, match="'overlong_penalty' cannot take"):
         RewardManager(RewardConfig(shaping=(ShapingSpec("overlong_penalty", {"max_len": 5}),)))
+
+
+def test_start_runs_the_workers_before_the_first_call_and_the_call_uses_them():
+    config = RewardConfig(num_workers=2, default_fn=FNS + "echo_ground_truth")
+    with RewardManager(config) as manager:
+        assert manager.worker_pids == []
+        manager.start()
+        started = manager.worker_pids
+        assert len(started) == 2 and all(pid is not None for pid in started)
+        for pid in started:
+            os.kill(pid, 0)  # alive
+        manager.start()  # running already: nothing new
+        assert manager.worker_pids == started
+        out = manager(make_batch(["any"] * 3, ["1", "2", "3"]))
+        assert out["scores"].tolist() == [1.0, 2.0, 3.0]
+        assert manager.worker_pids == started
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
