@@ -5,10 +5,13 @@ kernel computes all ``T^2`` scores of the packed row on the slower masked path; 
 sequence instead pays a fixed cost per call, which dominates for many short sequences. This
 implementation reads the sequence boundaries from ``cu_seq_lens_q`` (the flash-attn varlen kwargs that
 :func:`hybridflow.parallel.packed_log_probs` passes) and splits the row into runs of consecutive
-sequences of at most :data:`GROUP_TOKENS` tokens: a run with one sequence is one unmasked causal call,
-a run of several short ones is one call with its own small block-diagonal mask. Scores computed are at
-most ``T * GROUP_TOKENS`` instead of ``T^2``. Without those kwargs (padded batches, generation) it is plain
-``sdpa``.
+sequences of at most :data:`GROUP_TOKENS` tokens: a run with one sequence is one unmasked causal call.
+A run of several short ones is one call too, in whichever form computes fewer scores: its sequences
+gathered into a padded ``[sequences, heads, longest, head_dim]`` batch under the unmasked causal kernel
+(``sequences * longest^2`` scores; the usual case, sequences of similar length), or the run as one row
+with its own block-diagonal mask (``run^2``; a few long sequences among short ones). Scores computed are
+at most ``T * GROUP_TOKENS`` instead of ``T^2``. Without those kwargs (padded batches, generation) it is
+plain ``sdpa``.
 
 Select it with ``model.set_attn_implementation(VARLEN_SDPA)``; importing ``hybridflow.parallel``
 registers it with transformers.
@@ -55,6 +58,46 @@ def _block_causal_mask(offsets: list[int], device: torch.device) -> torch.Tensor
     return (sequence.unsqueeze(1) == sequence.unsqueeze(0)).tril()
 
 
+def _padded_run_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    offsets: list[int],
+    dropout: float,
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """Causal attention of the packed sequences between ``offsets`` (absolute, into the row), each
+    alone: ``[1, heads, run_len, head_dim]``.
+
+    Sequence ``i`` fills row ``i`` of a ``[sequences, heads, longest, head_dim]`` batch; its padding
+    repeats its last token, which no valid query sees under the causal mask, and the padded positions'
+    outputs are dropped (so they get no gradient).
+    """
+    starts = torch.tensor(offsets[:-1], device=query.device)
+    lengths = torch.tensor(offsets[1:], device=query.device) - starts
+    positions = torch.arange(int(lengths.max()), device=query.device)
+    index = starts[:, None] + torch.minimum(positions[None, :], lengths[:, None] - 1)
+
+    def batched(states: torch.Tensor) -> torch.Tensor:  # [1, h, T, d] -> [sequences, h, longest, d]
+        return states[0][:, index].transpose(0, 1)
+
+    out = F.scaled_dot_product_attention(
+        batched(query), batched(key), batched(value), dropout_p=dropout, scale=scaling, is_causal=True,
+        enable_gqa=gqa,
+    )  # fmt: skip
+    valid = positions[None, :] < lengths[:, None]
+    # Row-major over (sequence, position): the valid outputs come back in packed order.
+    return out.transpose(0, 1)[:, valid].unsqueeze(0)
+
+
+def _padding_is_cheaper(offsets: list[int]) -> bool:
+    """Whether a padded batch of the run's sequences computes fewer attention scores than the run as one
+    masked row."""
+    lengths = [end - start for start, end in itertools.pairwise(offsets)]
+    return len(lengths) * max(lengths) ** 2 < (offsets[-1] - offsets[0]) ** 2
+
+
 def varlen_sdpa_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -88,6 +131,9 @@ def varlen_sdpa_attention(
         if end == start:
             continue
         single = len(run) == 2
+        if not single and _padding_is_cheaper(run):
+            pieces.append(_padded_run_attention(query, key, value, run, dropout, scaling, gqa))
+            continue
         pieces.append(
             F.scaled_dot_product_attention(
                 query[:, :, start:end],

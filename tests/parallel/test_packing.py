@@ -86,6 +86,30 @@ def test_varlen_runs_of_any_size_equal_each_sequence_alone(monkeypatch, group_to
     torch.testing.assert_close(packed.log_probs, alone, atol=1e-5, rtol=0)
 
 
+def test_padding_is_cheaper_counts_scores():
+    # 3 sequences padded to 25: 3 * 625 = 1875 scores, against the 30-token row's 900.
+    assert not varlen_attention._padding_is_cheaper([0, 3, 5, 30])
+    # 3 sequences of about 20: 3 * 21^2 = 1323 against 61^2 = 3721.
+    assert varlen_attention._padding_is_cheaper([0, 20, 40, 61])
+
+
+@pytest.mark.parametrize("padded_runs", [True, False], ids=["padded_batch", "block_mask"])
+@pytest.mark.parametrize("group_tokens", [12, 10_000])
+def test_both_forms_of_a_run_equal_each_sequence_alone_with_gradients(monkeypatch, padded_runs, group_tokens):
+    monkeypatch.setattr(varlen_attention, "GROUP_TOKENS", group_tokens)
+    monkeypatch.setattr(varlen_attention, "_padding_is_cheaper", lambda offsets: padded_runs)
+    input_ids, mask = skewed_batch(LENGTHS, SEQ_LEN, left=True)
+    model = tiny_qwen2(attn=VARLEN_SDPA)
+    packed = packed_log_probs(model, input_ids, mask)
+    (-packed.log_probs.sum()).backward()
+    reference = tiny_qwen2()  # the same weights (seeded), plain sdpa on each sequence alone
+    alone = _alone(reference, input_ids, mask, temperature=1.0)
+    (-alone.sum()).backward()
+    torch.testing.assert_close(packed.log_probs, alone, atol=1e-5, rtol=0)
+    for (name, param), other in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, other.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_packed_gradients_equal_padded():
     input_ids, mask = skewed_batch(LENGTHS, SEQ_LEN, left=False)
     grads = []
