@@ -73,12 +73,13 @@ def adamw_state_bytes(shapes: Iterable[Sequence[int]], world: int, itemsize: int
 
 
 def packed_run_tokens(sequence_tokens: int, micro_tokens: int, group_tokens: int) -> int:
-    """Tokens of one masked attention call of the varlen SDPA, 0 when every call is one sequence.
+    """Tokens of one attention call over several sequences of the varlen SDPA, 0 when every call is one
+    sequence.
 
     `hybridflow.parallel.varlen_attention` groups consecutive packed sequences into runs of at most
-    ``group_tokens`` tokens; a run of several sequences carries a ``[run, run]`` mask, a run of one
-    sequence none. Rows of ``sequence_tokens`` tokens in a micro-batch of ``micro_tokens`` fill runs of
-    ``min(floor(group / sequence), rows)`` sequences.
+    ``group_tokens`` tokens. Rows of ``sequence_tokens`` tokens in a micro-batch of ``micro_tokens`` fill
+    runs of ``min(floor(group / sequence), rows)`` sequences; sequences of equal length always take the
+    run's padded-batch form (`layer_saved_bytes_per_token`).
     """
     if sequence_tokens <= 0:
         return 0
@@ -95,15 +96,16 @@ def layer_saved_bytes_per_token(
     and two normalised copies in ``c`` (``2 * (4h + 4 + 2ch)``); attention keeps the rotated query
     and key, the value and its output (``c * (2 q_dim + 2 kv_dim)``) and the fp32 log-sum-exp per
     head; the gated MLP keeps gate, activation, up and their product (``4 c I``). The varlen SDPA
-    adds the contiguous copy of the output that ``o_proj`` keeps and, for runs of several short
-    sequences, one row of the run's mask per token (``run_tokens * c``). Qwen3's per-head norms keep
+    adds the contiguous copy of the output that ``o_proj`` keeps and, for runs of several sequences (a
+    padded batch; ``run_tokens > 0``), the batch's gather index (int64) and valid-position mask (bool)
+    per token; its gathered query, key and value replace the rotated ones. Qwen3's per-head norms keep
     their input and output of queries and keys.
     """
     c, h = compute_itemsize, shape.hidden_size
     norms = 2 * (_FP32 * h + _FP32 + 2 * c * h)
     attention_bytes = c * (2 * shape.q_dim + 2 * shape.kv_dim) + _FP32 * shape.num_heads
     if attention == "varlen_sdpa":
-        attention_bytes += c * shape.q_dim + c * run_tokens
+        attention_bytes += c * shape.q_dim + (_INDEX + 1 if run_tokens else 0)
     if shape.qk_norm:
         attention_bytes += (_FP32 + c) * (shape.q_dim + shape.kv_dim)
         attention_bytes += _FP32 * (shape.num_heads + shape.num_kv_heads)

@@ -104,7 +104,7 @@ def _saved_tensor_bytes(model: torch.nn.Module, ids: torch.Tensor, chunk: int) -
     [(torch.float32, 8, 64), (torch.bfloat16, 8, 64), (torch.float32, 2, 600), (torch.bfloat16, 3, 100)],
 )
 def test_saved_activations_equal_what_autograd_keeps(dtype: torch.dtype, rows: int, seq: int) -> None:
-    # 8 x 64 tokens: masked runs of 8 sequences; 2 x 600: one sequence per call, no mask; 3 x 100: runs of 3.
+    # 8 x 64 tokens: runs of 8 sequences (a padded batch); 2 x 600: one sequence per call; 3 x 100: runs of 3.
     model = build_tiny_causal_lm(
         SHAPE.vocab_size,
         hidden_size=48,
@@ -124,9 +124,9 @@ def test_saved_activations_equal_what_autograd_keeps(dtype: torch.dtype, rows: i
 
 
 def test_packed_runs_logit_chunks_and_gather_buffer() -> None:
-    assert packed_run_tokens(64, 8 * 64, 512) == 512  # 8 sequences per masked call
+    assert packed_run_tokens(64, 8 * 64, 512) == 512  # 8 sequences per call
     assert packed_run_tokens(100, 3 * 100, 512) == 300  # the micro-batch has only 3
-    assert packed_run_tokens(300, 4 * 300, 512) == 0  # one sequence per call: no mask
+    assert packed_run_tokens(300, 4 * 300, 512) == 0  # one sequence per call
     # The chunk never exceeds the tokens; bytes per logit: 8 (no grad), 12 (with entropy), 20 (grad).
     assert logit_head_bytes(1000, 300, 1024, with_grad=False, with_entropy=False) == 300 * 1000 * 8
     assert logit_head_bytes(1000, 3000, 1024, with_grad=False, with_entropy=True) == 1024 * 1000 * 12
