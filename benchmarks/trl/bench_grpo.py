@@ -38,7 +38,7 @@ Run (from the repository root, in the project venv, after ``bash benchmarks/trl/
 
     RAY_AUTH_MODE=disabled python benchmarks/trl/bench_grpo.py [--sizes small,tiny] [--repeats 2]
         [--steps 4] [--warmup 1] [--trl-variants plain,gc] [--reward varied] [--precision fp32]
-        [--layout two_ranks] [--out benchmarks/trl/runs]
+        [--layout two_ranks] [--ours-override key=value ...] [--out benchmarks/trl/runs]
 """
 
 from __future__ import annotations
@@ -183,6 +183,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             f"trainer.output_dir={run_dir}",
             *LAYOUTS[args.layout],
             *(["actor.param_dtype=bfloat16"] if args.precision == "bf16" else []),
+            *args.ours_overrides,
         ],
     )
 
@@ -418,7 +419,7 @@ def _launch(
         python, str(Path(__file__).resolve()), "--side", side, "--variant", variant, "--size", size,
         "--model-dir", str(model_dir), "--data-dir", str(data_dir), "--run-dir", str(run_dir),
         "--steps", str(args.steps), "--reward", args.reward, "--precision", args.precision,
-        "--layout", args.layout,
+        "--layout", args.layout, *[f"--ours-override={o}" for o in args.ours_overrides],
     ]  # fmt: skip
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     if side == "trl":
@@ -497,6 +498,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reward", default="varied", choices=["varied", "exact_match"])
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="compute, both sides")
     parser.add_argument("--layout", default="two_ranks", choices=sorted(LAYOUTS), help="our ranks")
+    parser.add_argument(
+        "--ours-override", dest="ours_overrides", action="append", default=[], help="a key=value for our config"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "runs")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     # child-process arguments
@@ -516,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     variants = [v for v in args.trl_variants.split(",") if v]
     report: dict[str, Any] = {"sizes": {}}
     for size in [s for s in args.sizes.split(",") if s]:
-        setting = f"{size}_{args.reward}_{args.precision}_{args.layout}"
+        setting = "_".join([size, args.reward, args.precision, args.layout, *args.ours_overrides])
         model_dir, data_dir = prepare_inputs(args.out, size)
         params = int((model_dir / "params.txt").read_text())
         print(

@@ -124,7 +124,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={run_dir}",
             *LAYOUTS[args.layout],
-            *(["actor.param_dtype=bfloat16"] if args.precision == "bf16" else []),
+            # bf16 training log-probs differ from the fp32 engine's by up to ~0.2 nats at some token
+            # (measured: 0.224 at step 1); the demo's 0.01 bound is for fp32, where it flags stale weights.
+            *(["actor.param_dtype=bfloat16", "resharding.max_log_prob_gap=1.0"] if args.precision == "bf16" else []),
         ],
         Path(args.model_dir),
     )
