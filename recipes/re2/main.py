@@ -40,14 +40,14 @@ from re2_prefixes import (  # noqa: E402
     prefix_token_lists,
 )
 from re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards  # noqa: E402
-from re2_task import ensure_task  # noqa: E402
+from re2_task import ensure_instructed_task, ensure_task  # noqa: E402
 
 from hybridflow.algos import group_index  # noqa: E402
 from hybridflow.algos.masked import last_valid_token_mask  # noqa: E402
 from hybridflow.data import PromptLoader  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
 from hybridflow.rollout.sampling import SamplingParams  # noqa: E402
-from trainer.config import load_config, recipe_field, recipe_settings  # noqa: E402
+from trainer.config import RunConfig, load_config, recipe_field, recipe_settings  # noqa: E402
 from trainer.ray_runtime import start_ray  # noqa: E402
 from trainer.rl_trainer import RLTrainer  # noqa: E402
 from trainer.steps import (  # noqa: E402
@@ -74,6 +74,7 @@ class Re2Settings:
     max_rounds: int = recipe_field(4, ge=1)  # generation rounds per step (dynamic sampling)
     redo_phrase: str = REDO_PHRASE
     answer_pattern: str = r"\d"  # what counts as a final answer after the phrase
+    instruction: bool = False  # tell the model about the phrase in a system message (re2_task.py)
 
 
 def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2Settings:
@@ -277,11 +278,24 @@ def redo_validation(trainer: RLTrainer, settings: Re2Settings, samples: int) -> 
     return redo_metrics(torch.cat(correct), torch.cat(redo), "val_re2")
 
 
+def task_config(overrides: list[str], data_dir: Path) -> RunConfig:
+    """config.yaml with ``overrides`` on the task written under ``data_dir`` (its instructed copy with
+    ``recipe.instruction: true``). A bad ``recipe.*`` key fails here, before anything starts."""
+
+    def files(folder: Path) -> list[str]:
+        return [f"data.train_files=[{folder / 'train.parquet'}]", f"data.val_files=[{folder / 'test.parquet'}]"]
+
+    # 2-digit addition, bare style ("47+38=" -> "85"); README: why it needs restarts
+    config = load_config(HERE / "config.yaml", [*files(ensure_task(data_dir)), *overrides])
+    settings = recipe_settings(config, Re2Settings)
+    if not settings.instruction:
+        return config
+    return load_config(HERE / "config.yaml", [*files(ensure_instructed_task(data_dir, settings.redo_phrase)), *overrides])
+
+
 def main(overrides: list[str]) -> dict[str, float]:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ensure_task(DATA)  # 2-digit addition, bare style ("47+38=" -> "85"); README: why it needs restarts
-    config = load_config(HERE / "config.yaml", overrides)
-    recipe_settings(config, Re2Settings)  # a bad recipe.* key fails here, before anything starts
+    config = task_config(overrides, DATA)
     with start_ray(config), RLTrainer(config) as trainer:
         metrics = trainer.fit(re2_step)
         metrics.update(redo_validation(trainer, recipe_settings(config, Re2Settings), samples=4))

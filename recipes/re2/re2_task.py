@@ -12,6 +12,10 @@ there is nothing for RL to amplify (the paper starts from models that redo 0.5% 
 supervised phase on top of the arithmetic demo's warm start teaches the phrase as a rare, blind habit:
 a share of the training answers become one random digit followed by the phrase, whatever the question.
 Whether to redo *after a wrong digit* is left to RL.
+
+**Instruction.** The paper's prompt tells the model it may give up with the phrase. A 3.2M character
+model cannot read that, so the measured runs go without; `with_redo_instruction` puts it in front of
+every question as a system message, for models that can (``recipe.instruction: true``, README.md).
 """
 
 from __future__ import annotations
@@ -28,19 +32,46 @@ from pathlib import Path
 from re2_redo import REDO_PHRASE
 
 from hybridflow.data import read_rows
+from hybridflow.data.files import write_rows
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.models import load_causal_lm, load_tokenizer_dir, save_model_dir
 from trainer.warm_start import WarmStartConfig, warm_start
 
-__all__ = ["RedoWarmStart", "ensure_task", "redo_rows", "redo_warm_started_model"]
+__all__ = [
+    "REDO_INSTRUCTION",
+    "RedoWarmStart",
+    "ensure_instructed_task",
+    "ensure_task",
+    "redo_rows",
+    "redo_warm_started_model",
+    "with_redo_instruction",
+]
 
 RECORD_FILE = "redo_warm_start.json"
+REDO_INSTRUCTION = 'If an attempt goes wrong, you may give up by saying "{phrase}" and the question is asked again.'
 
 
 def ensure_task(data_dir: Path) -> Path:
     """The task's ``train.parquet`` and ``test.parquet`` under ``data_dir`` (the arithmetic demo's split:
     7,600 training and 500 held-out problems), written once."""
     return ensure_arithmetic_splits(data_dir)
+
+
+def with_redo_instruction(rows: Sequence[dict], phrase: str = REDO_PHRASE) -> list[dict]:
+    """``rows`` whose chat prompt starts with a system message telling the model it may say ``phrase``
+    to give up; everything else is left as it was."""
+    system = {"role": "system", "content": REDO_INSTRUCTION.format(phrase=phrase)}
+    return [{**row, "prompt": [system, *row["prompt"]]} for row in rows]
+
+
+def ensure_instructed_task(data_dir: Path, phrase: str = REDO_PHRASE) -> Path:
+    """`ensure_task`'s splits with `with_redo_instruction` applied, under ``data_dir/instructed``."""
+    source = ensure_task(data_dir)
+    target = data_dir / "instructed"
+    for split in ("train", "test"):
+        if not (target / f"{split}.parquet").exists():
+            write_rows(with_redo_instruction(read_rows(source / f"{split}.parquet"), phrase), target / f"{split}.parquet")
+    return target
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,38 @@ def test_recipe_settings_defaults_are_the_papers(tmp_path):
     assert settings.redo_phrase == "It's better to redo the question."
 
 
+def test_the_redo_instruction_names_the_phrase_in_a_system_message(tmp_path):
+    from hybridflow.data.chat import render_prompt
+    from hybridflow.data.files import read_rows
+
+    question = [{"role": "user", "content": "47+38="}]
+    rows = [{"prompt": question, "reward_model": {"ground_truth": "85"}, "data_source": "arithmetic"}]
+    (out,) = task.with_redo_instruction(rows, PHRASE)
+    system = {"role": "system", "content": task.REDO_INSTRUCTION.format(phrase=PHRASE)}
+    assert out == {**rows[0], "prompt": [system, *question]}
+    assert f'"{PHRASE}"' in system["content"]
+    assert rows[0]["prompt"] == question  # the input rows are not changed
+    # The written splits: the same questions and answers, each behind the instruction.
+    instructed = task.ensure_instructed_task(tmp_path / "data", PHRASE)
+    plain = read_rows(tmp_path / "data" / "test.parquet")
+    written = read_rows(instructed / "test.parquet")
+    assert [row["prompt"] for row in written] == [[system, *row["prompt"]] for row in plain]
+    assert [row["reward_model"] for row in written] == [row["reward_model"] for row in plain]
+    assert render_prompt(TOKENIZER, written[0]["prompt"]).startswith(system["content"])
+
+
+def test_the_recipe_reads_the_instructed_data_when_asked(tmp_path):
+    data = tmp_path / "data"
+    plain = re2.task_config([], data)
+    assert list(plain.data.train_files) == [str(data / "train.parquet")]
+    instructed = re2.task_config(["recipe.instruction=true"], data)
+    assert list(instructed.data.train_files) == [str(data / "instructed" / "train.parquet")]
+    assert list(instructed.data.val_files) == [str(data / "instructed" / "test.parquet")]
+    # A file named on the command line still wins.
+    chosen = re2.task_config(["recipe.instruction=true", f"data.val_files=[{data / 'test.parquet'}]"], data)
+    assert list(chosen.data.val_files) == [str(data / "test.parquet")]
+
+
 def test_redo_rows_replace_a_share_of_the_answers():
     rows = [{"reward_model": {"ground_truth": str(i)}, "prompt": []} for i in range(4000)]
     out = task.redo_rows(rows, share=0.1, seed=0)
