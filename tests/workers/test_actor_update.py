@@ -26,9 +26,13 @@ from workers.config import ActorConfig
 from workers.objective import PolicyObjective
 
 ROWS = 8
-# fp32 sums in another order (per rank, per micro-batch, reduce-scatter) move the results by ~1e-7;
-# a wrong normaliser or a missed gradient moves them by ~lr = 1e-3.
-ATOL = 1e-5
+# fp32 sums in another order (per rank, per micro-batch, reduce-scatter, attention kernel) move the
+# gradients by ~1e-7. AdamW's first step moves each weight by lr * g / (|g| + eps): by +-lr wherever
+# |g| >> eps, but a weight whose gradient is near eps = 1e-8 moves by a rounding-sensitive fraction of
+# lr (measured up to 1.2e-5 between the packed 2-rank update and the padded reference). A wrong
+# normaliser or a missed gradient moves weights by ~lr = 1e-3.
+ATOL = 5e-5
+MOVED = 1e-3  # a different loss moves some weight by at least this much
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +232,7 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
 
     default_step = reference_step(policy_dir, batch, PolicyObjective(kl_loss_coef=0.5))
     apart = max((expected[k] - default_step[k]).abs().max().item() for k in expected)
-    assert apart > 100 * ATOL, "the registered loss must move the weights unlike the default one"
+    assert apart > MOVED, "the registered loss must move the weights unlike the default one"
     assert_same_weights(updated, expected, ATOL)
 
 
