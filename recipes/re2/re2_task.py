@@ -65,9 +65,10 @@ def with_redo_instruction(rows: Sequence[dict], phrase: str = REDO_PHRASE) -> li
 
 
 def ensure_instructed_task(data_dir: Path, phrase: str = REDO_PHRASE) -> Path:
-    """`ensure_task`'s splits with `with_redo_instruction` applied, under ``data_dir/instructed``."""
+    """`ensure_task`'s splits with `with_redo_instruction` applied, under ``data_dir/instructed-<hash>``
+    (the hash of ``phrase``, so that another phrase gets its own files)."""
     source = ensure_task(data_dir)
-    target = data_dir / "instructed"
+    target = data_dir / f"instructed-{hashlib.sha256(phrase.encode()).hexdigest()[:8]}"
     for split in ("train", "test"):
         if not (target / f"{split}.parquet").exists():
             write_rows(with_redo_instruction(read_rows(source / f"{split}.parquet"), phrase), target / f"{split}.parquet")

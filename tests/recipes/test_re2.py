@@ -362,8 +362,11 @@ def test_the_recipe_reads_the_instructed_data_when_asked(tmp_path):
     plain = re2.task_config([], data)
     assert list(plain.data.train_files) == [str(data / "train.parquet")]
     instructed = re2.task_config(["recipe.instruction=true"], data)
-    assert list(instructed.data.train_files) == [str(data / "instructed" / "train.parquet")]
-    assert list(instructed.data.val_files) == [str(data / "instructed" / "test.parquet")]
+    folder = task.ensure_instructed_task(data, PHRASE)
+    assert folder.parent == data and folder.name.startswith("instructed-")
+    assert list(instructed.data.train_files) == [str(folder / "train.parquet")]
+    assert list(instructed.data.val_files) == [str(folder / "test.parquet")]
+    assert task.ensure_instructed_task(data, "Start over.") != folder  # another phrase, other files
     # A file named on the command line still wins.
     chosen = re2.task_config(["recipe.instruction=true", f"data.val_files=[{data / 'test.parquet'}]"], data)
     assert list(chosen.data.val_files) == [str(data / "test.parquet")]
