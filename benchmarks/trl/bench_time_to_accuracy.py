@@ -41,28 +41,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench_grpo import SAMPLES_PER_PROMPT, trl_grpo_config  # this folder: both venvs import it
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-TRL_PYTHON = HERE / ".venv" / "bin" / "python"
+# This folder: both venvs import it.
+from bench_grpo import HERE, LAYOUTS, REPO, SAMPLES_PER_PROMPT, TRL_PYTHON, exact_match, trl_grpo_config
 
 PROMPTS_PER_STEP = 64
 ROWS_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
 TRL_MICRO_BATCH_ROWS = 128
 MAX_NEW_TOKENS = 6
-LAYOUTS = {
-    "two_ranks": ["resource.slots_per_node=2", "resource.cpus_per_slot=1.0"],
-    "one_rank": ["resource.slots_per_node=1", "resource.cpus_per_slot=2.0"],
-}
-
-
-def last_number_correct(text: str, answer: str) -> bool:
-    """Our ``exact_match`` without answer tags: the last integer in ``text`` equals ``answer``."""
-    import re
-
-    numbers = re.findall(r"-?\d+", text)
-    return bool(numbers) and int(numbers[-1]) == int(answer)
 
 
 def prepare_inputs(out: Path, seed: int) -> tuple[Path, Path]:
@@ -187,12 +172,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         )
         model.train(was_training)
         texts = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        return sum(last_number_correct(t, row["answer"]) for t, row in zip(texts, test, strict=True)) / len(
-            test
-        )
-
-    def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        return [float(last_number_correct(t, a)) for t, a in zip(completions, answer, strict=True)]
+        return sum(exact_match(texts, [row["answer"] for row in test])) / len(test)
 
     curve: list[dict[str, float]] = []
     step_s: list[float] = []
@@ -233,7 +213,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[reward],
+        reward_funcs=[exact_match],
         args=config,
         train_dataset=train,
         processing_class=tokenizer,
