@@ -30,6 +30,7 @@ from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
 from hybridflow.parallel import (
+    VARLEN_SDPA,
     TokenLogProbs,
     TokenStatistic,
     build_meshes,
@@ -41,6 +42,7 @@ from hybridflow.parallel import (
     reshard_all,
     resolve_token_statistics,
     shard_model,
+    shared_prefix_log_probs,
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
@@ -83,8 +85,21 @@ def sequence_log_probs(
     (nats) alone; ``stats`` adds others (``entropy``, a recipe's own; `hybridflow.parallel.token_stats`).
 
     ``log_softmax(logits / temperature)`` at the sampled token: the distribution the rollout engine
-    sampled from when top-k and top-p are off.
+    sampled from when top-k and top-p are off. Packed under the ``hybridflow_varlen_sdpa`` attention
+    (the CPU default), each distinct prompt of the micro-batch runs once for all its responses
+    (`shared_prefix_log_probs`).
     """
+    if use_packing and getattr(model.config, "_attn_implementation", None) == VARLEN_SDPA:
+        return shared_prefix_log_probs(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["responses"],
+            batch["response_mask"],
+            temperature=temperature,
+            chunk_size=chunk_size,
+            stats=stats,
+        )
     input_ids, attention_mask = sequence_inputs(batch)
     forward = packed_log_probs if use_packing else padded_log_probs
     out = forward(model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size, stats=stats)

@@ -28,6 +28,7 @@ from hybridflow.parallel.model_forward import (
     packed_log_probs,
     packing_kwargs,
     padded_log_probs,
+    shared_prefix_log_probs,
 )
 from hybridflow.parallel.offload import (
     TransferStats,
@@ -97,6 +98,7 @@ __all__ = [
     "run_ranks",
     "sequence_runs",
     "shard_model",
+    "shared_prefix_log_probs",
     "token_log_probs",
     "token_statistics",
     "unpack_tokens",

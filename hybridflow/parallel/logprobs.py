@@ -63,12 +63,14 @@ def token_statistics(
     step = chunk_size or max(tokens, 1)
     recompute = chunk_size is not None and torch.is_grad_enabled()
     pieces = []
-    for start in range(0, tokens, step):
+    # No tokens still makes one (empty) chunk: the result then stays connected to the model's graph, so
+    # a rank with nothing to score still runs a backward (FSDP2's collectives need every rank).
+    for start in range(0, max(tokens, 1), step):
         args = (hidden[start : start + step], labels[start : start + step], head, temperature, resolved)
         pieces.append(
             checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute else _chunk_stats(*args)
         )
-    return torch.cat(pieces) if pieces else hidden.new_zeros((0, len(resolved)), dtype=torch.float32)
+    return torch.cat(pieces)
 
 
 def token_log_probs(

@@ -29,6 +29,7 @@ from torch import nn
 
 from hybridflow.parallel.logprobs import token_statistics
 from hybridflow.parallel.packing import PackedSequences, pack_sequences, position_ids_from_mask, unpack_tokens
+from hybridflow.parallel.shared_prefix import shared_prefix_layout
 from hybridflow.parallel.token_stats import TokenStatistic, resolve_token_statistics
 from hybridflow.parallel.varlen_attention import VARLEN_SDPA
 
@@ -80,20 +81,25 @@ def _head_scores_labels(
     temperature: float,
     chunk_size: int | None,
     stats: tuple[TokenStatistic, ...],
+    positions: torch.Tensor | None = None,
 ) -> Iterator[None]:
-    """While active, the model's ``logits`` output is ``[batch, seq, len(stats)]``."""
+    """While active, the model's ``logits`` output is ``[batch, seq, len(stats)]``; with ``positions``
+    (flat indices into ``[batch * seq]``) it is ``[1, len(positions), len(stats)]``, the statistics of
+    those positions alone (``labels`` then holds one label per position)."""
     _check_plain_head(model)
     head = model.get_output_embeddings()
     head_forward = head.forward
 
     def scores(hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, hidden.shape[-1])
+        flat, shape = hidden.reshape(-1, hidden.shape[-1]), hidden.shape[:-1]
+        if positions is not None:
+            flat, shape = flat[positions], (1, len(positions))
         values = token_statistics(
             flat, head_forward, labels, stats, temperature=temperature, chunk_size=chunk_size
         )
         # A copy, not a view: FSDP2 hooks the root's outputs for backward and warns that in-place ops on
         # a view would bypass that hook. The copy is [tokens, len(stats)] floats.
-        return values.view(*hidden.shape[:-1], values.shape[-1]).clone()
+        return values.view(*shape, values.shape[-1]).clone()
 
     head.forward = scores
     try:
@@ -153,6 +159,45 @@ def packed_log_probs(
     values = torch.where(starts.unsqueeze(-1), 0.0, values)
     per_token = torch.stack([unpack_tokens(values[:, k], packed) for k in range(values.shape[-1])], dim=-1)
     return _split_stats(per_token, stats)
+
+
+def shared_prefix_log_probs(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    stats: Sequence[str | TokenStatistic] = ("log_prob",),
+) -> TokenLogProbs:
+    """Token statistics of the response tokens, ``[batch, response_len]`` each, from one packed forward in
+    which every distinct prompt runs once (`hybridflow.parallel.shared_prefix`).
+
+    ``prompt_ids``/``prompt_mask [batch, prompt_len]`` and ``responses``/``response_mask [batch,
+    response_len]`` as in the rollouts. Equal to ``packed_log_probs`` on the joined rows, response part,
+    up to float rounding; 0 at response pads. Needs the ``hybridflow_varlen_sdpa`` attention. Differentiable.
+    """
+    impl = str(getattr(model.config, "_attn_implementation", ""))
+    if impl != VARLEN_SDPA:
+        raise ValueError(f"shared-prefix packing needs attention {VARLEN_SDPA!r}, the model has {impl!r}")
+    stats = resolve_token_statistics(stats)
+    layout = shared_prefix_layout(prompt_ids, prompt_mask, responses, response_mask)
+    with _head_scores_labels(
+        model, layout.labels, temperature, chunk_size, stats, positions=layout.predictor
+    ):
+        values = model(
+            input_ids=layout.input_ids,
+            position_ids=layout.position_ids,
+            # No padding in the row: transformers builds no mask; the layout is the mask.
+            attention_mask=torch.ones_like(layout.input_ids),
+            shared_prefix=layout,
+            use_cache=False,
+        ).logits[0]
+    out = values.new_zeros(*responses.shape, values.shape[-1])
+    out = out.index_put((layout.target_rows, layout.target_cols), values)
+    return _split_stats(out, stats)
 
 
 def padded_log_probs(

@@ -28,6 +28,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybridflow.parallel.shared_prefix import SharedPrefixLayout, shared_prefix_attention
+
 VARLEN_SDPA = "hybridflow_varlen_sdpa"
 
 # Tokens per attention call for runs of short sequences. On 2 CPU cores (docs/parallel.md) runs of 256
@@ -108,14 +110,19 @@ def varlen_sdpa_attention(
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    shared_prefix: SharedPrefixLayout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention of ``query [1, heads, T, head_dim]`` against ``key/value [1, kv_heads, T, head_dim]``.
 
     Returns ``[1, T, heads, head_dim]`` as transformers' attention functions do. With ``cu_seq_lens_q``
     (``[num_seqs + 1]`` offsets into the packed row) ``attention_mask`` is ignored: the sequences are
-    the mask.
+    the mask; with ``shared_prefix`` (`hybridflow.parallel.shared_prefix`) the layout is.
     """
+    if shared_prefix is not None:
+        if sliding_window is not None:
+            raise NotImplementedError(f"{VARLEN_SDPA} does not implement sliding-window attention")
+        return shared_prefix_attention(query, key, value, shared_prefix, dropout, scaling), None
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -152,4 +159,3 @@ def varlen_sdpa_attention(
 AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
 # Padded calls need the same masks as sdpa.
 AttentionMaskInterface.register(VARLEN_SDPA, sdpa_mask)
-

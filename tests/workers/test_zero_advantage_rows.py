@@ -200,3 +200,22 @@ def test_balanced_update_order_spreads_the_kept_rows_within_each_mini_batch():
     assert set(order[[2, 3, 6, 7]].tolist()) == {2, 3, 6, 7}
     assert {order[0].item(), order[4].item()} == {0, 1}
     assert balanced_update_order(batch[:7], 2, 4).tolist() == list(range(7))
+
+
+def test_balanced_update_order_keeps_the_samples_of_a_prompt_together():
+    """Rows of one prompt move as a unit (their prompt then runs once); a unit costs its prompt once.
+
+    Four prompts of 4 samples (prompt lengths 9, 1, 2, 3: `_rows` gives equal-length prompts equal
+    tokens), responses of 2 tokens, every row carrying advantage. Unit costs: 9 + 8 = 17, 9, 10, 11.
+    Largest first to the lighter rank: 17 -> 0, 11 -> 1, 10 -> 1, 9 -> 0: 26 and 21 tokens.
+    """
+    batch = _rows([9] * 4 + [1] * 4 + [2] * 4 + [3] * 4, [2] * 16)
+    order = balanced_update_order(batch, 2, 16).tolist()
+    assert order[:8] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert order[8:] == [12, 13, 14, 15, 8, 9, 10, 11]
+    # 12 samples of one prompt do not fit a rank's 8 slots: that unit (9 + 24 = 33) is dealt row by row
+    # (11 tokens each) after the 4-row unit (1 + 8 = 9) went to rank 0.
+    batch = _rows([9] * 12 + [1] * 4, [2] * 16)
+    order = balanced_update_order(batch, 2, 16).tolist()
+    assert order[:8] == [12, 13, 14, 15, 1, 3, 5, 7]
+    assert order[8:] == [0, 2, 4, 6, 8, 9, 10, 11]
