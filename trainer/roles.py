@@ -141,7 +141,7 @@ def engine_settings(config: RunConfig) -> EngineConfig:
     return EngineConfig(
         name=rollout.engine,
         tensor_parallel_size=rollout.tp_size,
-        dtype=config.model.dtype,
+        dtype=rollout.dtype or config.model.dtype,
         seed=rollout.seed,
         max_model_len=config.data.max_prompt_length + config.data.max_response_length,
         kv_cache_memory_bytes=rollout.kv_cache_bytes,

@@ -123,6 +123,7 @@ CHANGED: dict[str, str] = {
     "rollout.engine": "rollout.engine=hf",
     "rollout.max_num_batched_tokens": "rollout.max_num_batched_tokens=4096",
     "rollout.cache_dir": "rollout.cache_dir=compile_cache",
+    "rollout.dtype": "rollout.dtype=bfloat16",
     "actor.lr_scheduler": "actor.lr_scheduler=cosine",
     "critic.lr_scheduler": "critic.lr_scheduler=cosine",
     "actor.betas": "actor.betas=[0.8,0.99]",

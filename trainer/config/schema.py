@@ -147,10 +147,12 @@ class RolloutConfig:
     the inference data-parallel groups, and dp group ``d`` samples with seed ``seed + d``.
     ``kv_cache_bytes`` is per rank and always bounded (unbounded, the CPU build of vLLM takes most of
     the host's memory). ``top_k`` -1 disables top-k. ``n`` is at least 2 for the group-relative
-    estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``), hence the default of 8.
+    estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``), hence the default of 8. ``dtype`` is
+    the engine's weights and compute dtype; null is ``model.dtype`` (the actor's master weights).
     """
 
     engine: Literal["vllm", "hf"] = _from(_Engine, "name")
+    dtype: Dtype | None = None
     n: int = _field(8, ge=1)
     temperature: float = _field(1.0, ge=0)
     top_p: float = _field(1.0, gt=0, le=1)
