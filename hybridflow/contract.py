@@ -4,6 +4,9 @@ Worker methods declare theirs in ``@register(reads=..., writes=...)`` and the wo
 the controller, before anything is sent and after the results come back. Controller steps declare theirs
 with `step_columns`. Either way a missing column is a `MissingColumnError` that names the step and the
 column, instead of a ``KeyError`` deep inside a worker.
+
+Rollouts can stay on the workers that generated them (`workers.rollout_store`): a batch then carries
+``rollout_ids`` in place of the columns the workers hold, and a method declares those with ``held``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from typing import Any, TypeVar
 
 from hybridflow.protocol import Batch
 
-__all__ = ["MissingColumnError", "first_batch", "require_columns", "step_columns"]
+__all__ = ["ROLLOUT_IDS", "MissingColumnError", "first_batch", "require_columns", "step_columns"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+ROLLOUT_IDS = "rollout_ids"
+"""``rollout_ids [rows]`` int64: the ids under which the workers hold a step's rollout rows."""
 
 
 class MissingColumnError(KeyError, ValueError):
@@ -26,18 +32,24 @@ class MissingColumnError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def require_columns(batch: Batch, columns: Iterable[str], step: str, *, produced: bool = False) -> None:
+def require_columns(
+    batch: Batch, columns: Iterable[str], step: str, *, produced: bool = False, held: Iterable[str] = ()
+) -> None:
     """Raise `MissingColumnError` naming ``step`` and every column of ``columns`` that ``batch`` lacks.
 
-    ``produced`` words the message for a step's output rather than its input.
+    ``produced`` words the message for a step's output rather than its input. ``held`` are columns the
+    workers keep from generation: a batch with ``rollout_ids`` need not carry them.
     """
-    missing = [column for column in columns if column not in batch]
+    held = tuple(held)
+    skipped = held if ROLLOUT_IDS in batch else ()
+    missing = [column for column in columns if column not in batch and column not in skipped]
     if not missing:
         return
     what = "returned no column" if produced else "needs column"
     plural = "s" if len(missing) > 1 else ""
+    instead = f" (or {ROLLOUT_IDS!r} of rollouts the workers hold)" if set(missing) & set(held) else ""
     raise MissingColumnError(
-        f"{step} {what}{plural} {', '.join(repr(c) for c in missing)}; "
+        f"{step} {what}{plural} {', '.join(repr(c) for c in missing)}{instead}; "
         f"the batch has: {', '.join(sorted(batch.keys())) or '(no columns)'}"
     )
 

@@ -39,6 +39,7 @@ from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, reward_settings, start_worker_groups
 from trainer.steps import decode_responses
 from workers.actor import MODEL_INPUTS
+from workers.rollout_store import RolloutStore
 
 __all__ = ["RLTrainer"]
 
@@ -66,6 +67,9 @@ class RLTrainer:
         monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
             learning (`hybridflow.metrics.monitor`).
         step_metrics: what the current step has recorded so far (`record`).
+        kept_rollouts: the token columns of the rows the actor workers keep for the current step
+            (`workers.rollout_store`), by row id: `trainer.steps.generate` adds to it, and
+            `trainer.steps.actor_batch` leaves out the columns that still equal what the workers hold.
         startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
@@ -124,6 +128,7 @@ class RLTrainer:
         self.monitor = TrainingMonitor(config.monitor)
         self.step = 0
         self.step_metrics: dict[str, float] = {}
+        self.kept_rollouts = RolloutStore(self.tokenizer.pad_token_id)
         self.startup.lap("data")
         # From here on everything built holds processes, placement groups or open files. Each is
         # registered for `close` as soon as it exists: if a later part fails, the `with` block stops

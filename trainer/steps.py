@@ -13,6 +13,10 @@ Each step that runs on the workers times itself as a phase of the step (``timing
 its metrics with ``trainer.record``; `trainer.fit.fit` puts them in the step's metrics. Every step
 declares the columns it reads and writes (`hybridflow.contract`): a missing column fails with the step's
 name and the column's.
+
+`generate` keeps the step's token columns on the actor workers (`workers.rollout_store`): its rollouts
+carry ``rollout_ids``, and `old_log_probs`, `ref_log_probs` and `update_actor` send those ids in place of
+the held columns. ``transfer/to_actor_bytes`` counts the tensor bytes these steps send the actor workers.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algos import apply_kl_penalty, compute_advantage, compute_kl, masked_mean
-from hybridflow.contract import step_columns
+from hybridflow.contract import ROLLOUT_IDS, step_columns
 from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
+from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.sampling import SamplingParams
 from trainer.config import AlgorithmConfig
 from workers.actor import MODEL_INPUTS
 from workers.objective import ActorLoss, PolicyObjective
+from workers.rollout_store import HELD_COLUMNS, RolloutKeep
 from workers.training import balanced_update_order
 
 if TYPE_CHECKING:
@@ -38,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_INPUTS",
     "PROMPT_COLUMNS",
+    "TRANSFER_METRIC",
+    "actor_batch",
     "add_group_ids",
     "advantages",
     "compute_advantages",
@@ -58,7 +66,10 @@ __all__ = [
 
 def decode_responses(rollouts: Batch, tokenizer: PreTrainedTokenizerBase) -> Batch:
     """``response_text``: each row's generated tokens as text (special tokens dropped)."""
-    rows = [ids[mask.bool()].tolist() for ids, mask in zip(rollouts["responses"], rollouts["response_mask"], strict=True)]
+    rows = [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(rollouts["responses"], rollouts["response_mask"], strict=True)
+    ]
     return Batch(non_tensors={"response_text": tokenizer.batch_decode(rows, skip_special_tokens=True)})
 
 
@@ -101,36 +112,35 @@ def compute_advantages(rollouts: Batch, algorithm: AlgorithmConfig) -> Batch:
     return Batch({"advantages": advantages_, "returns": returns})
 
 
-PROMPT_COLUMNS = ("input_ids", "attention_mask", "position_ids")
-"""Left-padded prompt columns: their width is the longest prompt of the batch they were collated in."""
-
-
-def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
-    """The rows of ``batches`` in order, as one Batch, with the prompt columns left-padded to the widest.
-
-    Prompts are collated to the longest prompt of their own batch, so rollouts of different generation
-    rounds (dynamic sampling, continuations) differ in prompt width; the response columns share
-    ``max_new_tokens``. ``input_ids`` is padded with ``pad_token_id``, the masks and positions with 0.
-    ``group_ids`` are kept as they are: renumber them if the batches' ids overlap.
-    """
-    width = max(batch[column].shape[1] for batch in batches for column in PROMPT_COLUMNS if column in batch)
-    padded = []
-    for batch in batches:
-        columns = [c for c in PROMPT_COLUMNS if c in batch and batch[c].shape[1] < width]
-        if columns:
-            batch = batch.select(*[k for k in batch.keys() if k not in columns]) | Batch(
-                {
-                    c: torch.nn.functional.pad(
-                        batch[c], (width - batch[c].shape[1], 0), value=pad_token_id if c == "input_ids" else 0
-                    )
-                    for c in columns
-                }
-            )
-        padded.append(batch)
-    return Batch.concat(padded)
-
-
 # ---------------------------------------------------------------------------- steps on the workers
+
+TRANSFER_METRIC = "transfer/to_actor_bytes"
+
+
+def _counted(trainer: RLTrainer, batch: Batch) -> Batch:
+    """``batch``, its tensor bytes added to this step's ``transfer/to_actor_bytes``."""
+    trainer.record({TRANSFER_METRIC: trainer.step_metrics.get(TRANSFER_METRIC, 0.0) + batch.nbytes()})
+    return batch
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same values in the same shape and dtype."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def actor_batch(trainer: RLTrainer, rollouts: Batch, *columns: str) -> Batch:
+    """The ``columns`` of ``rollouts`` to send the actor workers, counted in ``transfer/to_actor_bytes``.
+
+    Rows this step's `generate` kept on the workers go as ``rollout_ids [rows]`` plus the columns the
+    workers do not hold. A held column goes along only where the controller's copy is not the generated
+    one (a recipe changed it, e.g. masked truncated responses, or joined rounds to a wider prompt);
+    rows the workers no longer hold go whole.
+    """
+    if ROLLOUT_IDS not in rollouts or not trainer.kept_rollouts.holds(rollouts[ROLLOUT_IDS]):
+        return _counted(trainer, rollouts.select(*columns, meta=False))
+    kept = trainer.kept_rollouts.rows(rollouts[ROLLOUT_IDS])
+    sent = [c for c in columns if c not in HELD_COLUMNS or not _same(kept[c], rollouts[c])]
+    return _counted(trainer, rollouts.select(ROLLOUT_IDS, *sent, meta=False))
 
 
 def sampling_params(trainer: RLTrainer) -> SamplingParams:
@@ -155,11 +165,18 @@ def generate(trainer: RLTrainer, prompts: Batch, sampling: SamplingParams | None
     """Sample ``sampling.n`` responses per prompt (default: the configured sampling of this step) in the
     inference layout; adds ``group_ids`` (one group per prompt) and the decoded ``response_text``.
 
-    The layout switches' timing and memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
+    The actor workers keep the rows' token columns for this step's later calls (`actor_batch`): only the
+    columns the engine adds come back, with ``rollout_ids [batch*n]`` (new ids on every call of a step),
+    and the prompt columns are repeated here, ``n`` consecutive rows per prompt. The layout switches'
+    timing and memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
     """
     sampling = sampling or sampling_params(trainer)
+    store = trainer.kept_rollouts
+    keep = RolloutKeep(trainer.step, store.next_id(trainer.step), store.pad_token_id)
     with trainer.timer.phase("generation"):
-        rollouts = trainer.actor.generate_sequences(prompts, sampling)
+        samples = trainer.actor.generate_sequences(_counted(trainer, prompts), sampling, keep)
+    rollouts = prompts.repeat(sampling.n) | samples
+    store.put(trainer.step, rollouts[ROLLOUT_IDS], rollouts.select(*HELD_COLUMNS, meta=False))
     trainer.record(rollouts.meta.pop("rollout_metrics"))
     return rollouts | add_group_ids(rollouts, sampling.n) | decode_responses(rollouts, trainer.tokenizer)
 
@@ -187,7 +204,7 @@ def old_log_probs(
     """
     with trainer.timer.phase("log_prob"):
         return trainer.actor.compute_log_prob(
-            rollouts.select(*MODEL_INPUTS, meta=False),
+            actor_batch(trainer, rollouts, *MODEL_INPUTS),
             temperature=trainer.config.rollout.temperature,
             stats=resolve_token_statistics(stats),
         )
@@ -198,7 +215,7 @@ def ref_log_probs(trainer: RLTrainer, rollouts: Batch) -> Batch:
     """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy."""
     with trainer.timer.phase("ref"):
         return trainer.actor.compute_ref_log_prob(
-            rollouts.select(*MODEL_INPUTS, meta=False), temperature=trainer.config.rollout.temperature
+            actor_batch(trainer, rollouts, *MODEL_INPUTS), temperature=trainer.config.rollout.temperature
         )
 
 
@@ -247,12 +264,16 @@ def update_actor(trainer: RLTrainer, rollouts: Batch, loss_fn: ActorLoss | None 
     """
     optional = [c for c in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if c in rollouts]
     objective = loss_fn if isinstance(loss_fn, PolicyObjective) else None
-    corrected = (objective.rollout_correction if objective else trainer.config.actor.rollout_correction) != "none"
+    corrected = (
+        objective.rollout_correction if objective else trainer.config.actor.rollout_correction
+    ) != "none"
     if "old_log_probs" in rollouts and "rollout_log_probs" in optional and not corrected:
         optional.remove("rollout_log_probs")  # the gap was measured against old_log_probs already
-    batch = rollouts.select(*MODEL_INPUTS, "advantages", *optional, meta=False)
+    columns = (*MODEL_INPUTS, "advantages", *optional)
+    batch = rollouts.select(*columns, *[c for c in (ROLLOUT_IDS,) if c in rollouts], meta=False)
     mini_batch_size = trainer.config.actor.ppo_mini_batch_size
     batch = batch.reorder(balanced_update_order(batch, trainer.actor.world_size, mini_batch_size))
+    batch = actor_batch(trainer, batch, *columns)
     with trainer.timer.phase("update"):
         metrics = trainer.actor.update_actor(
             batch, temperature=trainer.config.rollout.temperature, loss_fn=loss_fn

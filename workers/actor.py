@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.contract import ROLLOUT_IDS
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
@@ -52,6 +53,7 @@ from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
 from workers.config import ActorConfig, ModelConfig
 from workers.objective import ActorLoss, skips_zero_advantage_rows
+from workers.rollout_store import HELD_COLUMNS, RolloutKeep, RolloutStore
 from workers.training import (
     MODEL_INPUTS,
     LogProbGap,
@@ -131,6 +133,10 @@ class ActorRolloutRefWorker(Worker):
         offload_ref: keep the reference model's shards in host memory between uses.
     """
 
+    rollout_store: RolloutStore | None = None
+    """The current step's rollouts, kept by `generate_sequences` when asked (``keep``; the store pads
+    ``input_ids`` with the first keep's ``pad_token_id``)."""
+
     def __init__(
         self,
         model: ModelConfig,
@@ -197,18 +203,27 @@ class ActorRolloutRefWorker(Worker):
         reads=("input_ids", "attention_mask"),
         writes=("responses", "response_mask", "rollout_log_probs", "response_lengths"),
     )
-    def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate_sequences(
+        self, prompts: Batch, sampling: SamplingParams, keep: RolloutKeep | None = None
+    ) -> Batch:
         """Sample ``sampling.n`` responses per prompt with the actor's current weights.
 
         Input: ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded). Output: see
         `RolloutEngine.generate`; ``meta["rollout_metrics"]`` carries the timing and peak memory of both
         layout switches, reduced over all ranks (the slowest rank's seconds, the largest rank's memory).
+
+        With ``keep``, every rank holds the whole call's rows (`_keep_rollouts`) and the output has only
+        the columns the engine added (``responses``, ``response_mask``, ``rollout_log_probs``
+        ``[batch*n, max_new_tokens]``, ``response_lengths [batch*n]``, ``finish_reason``, ...) and
+        ``rollout_ids [batch*n]``: the prompt columns are the caller's to repeat (``prompts.repeat(n)``).
         """
         start = time.perf_counter()
         with self.resharder as engine:
             generated = time.perf_counter()
             rollouts = self._sample(engine, prompts, sampling)
             generate_s = time.perf_counter() - generated
+        if keep is not None:
+            rollouts = self._keep_rollouts(prompts, rollouts, keep)
         to_inference, to_training = self.resharder.reports[-2:]
         local = {
             **to_inference.metrics(),
@@ -220,6 +235,41 @@ class ActorRolloutRefWorker(Worker):
         dist.all_gather_object(per_rank, local)
         rollouts.meta.update(rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}))
         return rollouts
+
+    def _keep_rollouts(self, prompts: Batch, rollouts: Batch, keep: RolloutKeep) -> Batch:
+        """Hold the `HELD_COLUMNS` of the whole call's rows on this rank, row ``i`` of the call (in dp
+        order) under id ``keep.first_id + i``; return this dp group's ``rollouts`` without the columns
+        of ``prompts``, plus ``rollout_ids [rows]``.
+
+        The shards travel rank to rank, one per dp group from its collecting rank (the tp ranks of a
+        group hold the same rows). A padded call's padding rows (at its end) get the largest ids.
+        """
+        infer = self.mesh_info("infer")
+        shard = rollouts.select(*HELD_COLUMNS, meta=False) if infer.is_collector else None
+        gathered: list[tuple[int, Batch | None]] = [(0, None)] * self.world_size
+        dist.all_gather_object(gathered, (infer.dp_rank, shard))
+        shards = {dp: rows for dp, rows in gathered if rows is not None}
+        ordered = [shards[dp] for dp in range(infer.dp_size)]
+        ids = keep.first_id + torch.arange(sum(len(rows) for rows in ordered))
+        if self.rollout_store is None:
+            self.rollout_store = RolloutStore(keep.pad_token_id)
+        self.rollout_store.put(keep.step, ids, Batch.concat(ordered))
+        start = sum(len(rows) for rows in ordered[: infer.dp_rank])
+        samples = rollouts.select(*[column for column in rollouts.keys() if column not in prompts])
+        return samples | Batch({ROLLOUT_IDS: ids[start : start + len(rollouts)]})
+
+    def _with_held_columns(self, batch: Batch) -> Batch:
+        """``batch`` with the `HELD_COLUMNS` it lacks joined back from the rows held under its
+        ``rollout_ids [rows]``, the ids dropped; a batch without ids as it is. A held column the batch
+        carries wins: the controller sends one when its copy changed since generation."""
+        if ROLLOUT_IDS not in batch:
+            return batch
+        if self.rollout_store is None:
+            raise KeyError(f"the batch has {ROLLOUT_IDS!r} but this worker has kept no rollouts")
+        held = self.rollout_store.rows(batch[ROLLOUT_IDS])
+        joined = held.select(*[column for column in held.keys() if column not in batch], meta=False)
+        sent = batch.select(*[column for column in batch.keys() if column != ROLLOUT_IDS])
+        return joined.to(self.device) | sent
 
     def _sample(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Batch:
         """The rollouts of `generate_sequences`, drawn from ``engine`` in the inference layout:
@@ -262,7 +312,11 @@ class ActorRolloutRefWorker(Worker):
         )
 
     @register(
-        dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("old_log_probs",), prepare=_resolve_stats_argument
+        dispatch=DataParallel(),
+        reads=MODEL_INPUTS,
+        held=HELD_COLUMNS,
+        writes=("old_log_probs",),
+        prepare=_resolve_stats_argument,
     )
     @on_worker_device
     def compute_log_prob(
@@ -275,7 +329,9 @@ class ActorRolloutRefWorker(Worker):
         ``log_prob`` becomes the ``old_log_probs`` column (nats) and is always computed; any other
         statistic becomes a column of its own name (``entropy``, ``self_certainty``, a recipe's own).
         Names registered only in the controller reach the workers: they are resolved there.
+        ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS` of rows kept at generation.
         """
+        batch = self._with_held_columns(batch)
         names = [s if isinstance(s, str) else s.name for s in stats]
         if "log_prob" not in names:
             stats = (*resolve_token_statistics(["log_prob"]), *stats)
@@ -287,11 +343,12 @@ class ActorRolloutRefWorker(Worker):
         reshard_all(self.model)
         return Batch({_stat_column(name): value for name, value in out.values.items()})
 
-    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("ref_log_probs",))
+    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, held=HELD_COLUMNS, writes=("ref_log_probs",))
     @on_worker_device
     def compute_ref_log_prob(self, batch: Batch, *, temperature: float) -> Batch:
         """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy, at the
-        sampling ``temperature``."""
+        sampling ``temperature``; ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS`."""
+        batch = self._with_held_columns(batch)
         if self.ref_model is None:
             raise RuntimeError("this worker was built with with_ref=False")
         if self.offload_ref:
@@ -312,7 +369,9 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ training
 
-    @register(dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "advantages"))
+    @register(
+        dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "advantages"), held=HELD_COLUMNS
+    )
     @on_worker_device
     def update_actor(
         self, batch: Batch, *, temperature: float, loss_fn: ActorLoss | None = None
@@ -321,6 +380,7 @@ class ActorRolloutRefWorker(Worker):
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
         ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``;
+        ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS` of rows kept at generation.
         ``temperature`` is the one the responses were sampled with.
         ``loss_fn`` defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
@@ -341,6 +401,7 @@ class ActorRolloutRefWorker(Worker):
         `compute_log_prob` pass is saved. With ``rollout_log_probs`` in the batch, the
         rollout-vs-trainer gap (``sync/log_prob_abs_diff_mean``, ``_max``) is then measured here.
         """
+        batch = self._with_held_columns(batch)
         config = self.actor_config
         if loss_fn is None:
             # Resolved on the controller: a recipe's registered functions came with the config.

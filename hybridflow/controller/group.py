@@ -84,7 +84,7 @@ class _GroupMethod:
             args, kwargs = spec.prepare(args, kwargs)
         batch = first_batch(args, kwargs)
         if batch is not None:
-            require_columns(batch, spec.reads, where)
+            require_columns(batch, spec.reads, where, held=spec.held)
         future = self._group._call(self._name, spec, args, kwargs)
         if not spec.blocking:
             return future
@@ -168,4 +168,3 @@ class WorkerGroup(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(role={self.role!r}, world_size={self.world_size})"
-

@@ -7,6 +7,7 @@ imported here, so this package works where vLLM is not installed.
 """
 
 from hybridflow.rollout.base import RolloutEngine
+from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.hf_engine import HFRolloutEngine
@@ -16,11 +17,13 @@ from hybridflow.rollout.sampling import SamplingParams
 
 __all__ = [
     "ENGINE_NAMES",
+    "PROMPT_COLUMNS",
     "HFRolloutEngine",
     "RolloutConfig",
     "RolloutEngine",
     "SamplingParams",
     "build_rollout_engine",
+    "concat_rollouts",
     "filter_logits",
     "pack_rollouts",
     "prompt_token_lists",

@@ -49,7 +49,9 @@ def test_uniform_groups_never_reach_the_batch_and_it_is_refilled():
         calls.append(index)
         return rounds[index]
 
-    batch, metrics = dapo.fill_batch(sample_round, groups_wanted=3, group_size=GROUP, max_rounds=4, pad_token_id=0)
+    batch, metrics = dapo.fill_batch(
+        sample_round, groups_wanted=3, group_size=GROUP, max_rounds=4, pad_token_id=0
+    )
     assert calls == [0, 1]  # round 1 kept 2 groups, round 2 filled the third and stopped
     # Kept: round 1's groups 1 and 3, then round 2's group 1 (the batch is full: its group 2 is cut).
     assert batch["tag"].tolist() == [104, 105, 106, 107, 112, 113, 114, 115, 204, 205, 206, 207]
@@ -69,7 +71,9 @@ def test_uniform_groups_never_reach_the_batch_and_it_is_refilled():
 
 def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
     uniform = scored_round([[1, 1, 1, 1], [0, 0, 0, 0]], tag=1, prompt_width=2)
-    batch, metrics = dapo.fill_batch(lambda _: uniform, groups_wanted=2, group_size=GROUP, max_rounds=3, pad_token_id=0)
+    batch, metrics = dapo.fill_batch(
+        lambda _: uniform, groups_wanted=2, group_size=GROUP, max_rounds=3, pad_token_id=0
+    )
     assert batch is None
     assert metrics["dapo/rounds"] == 3 and metrics["dapo/prompts_sampled"] == 6
     assert metrics["dapo/prompts_kept"] == 0 and metrics["dapo/kept_fraction"] == 0
@@ -78,10 +82,17 @@ def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
 def test_overlong_punishment_of_the_recipe_config_at_its_boundaries(tmp_path):
     config = load_config(
         RECIPES / "dapo" / "config.yaml",
-        [f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]", "data.val_files=[]", "trainer.val_every=0"],
+        [
+            f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]",
+            "data.val_files=[]",
+            "trainer.val_every=0",
+        ],
     )
     (shaping,) = config.reward.shaping
-    assert shaping.name == "overlong_penalty" and dict(shaping.kwargs) == {"max_response_length": 6, "cache_length": 2}
+    assert shaping.name == "overlong_penalty" and dict(shaping.kwargs) == {
+        "max_response_length": 6,
+        "cache_length": 2,
+    }
     lengths = torch.tensor([1, 4, 5, 6])  # up to L_max - L_cache = 4: 0; then (4 - L) / 2; -1 at L_max
     mask = (torch.arange(6) < lengths[:, None]).long()
     shaped = overlong_penalty(torch.ones(4), Batch({"response_mask": mask}), **shaping.kwargs)
@@ -89,24 +100,32 @@ def test_overlong_punishment_of_the_recipe_config_at_its_boundaries(tmp_path):
 
 
 def test_truncated_samples_carry_no_loss():
-    rows = Batch({"response_mask": torch.ones(3, 4, dtype=torch.long)}, {"finish_reason": ["stop", "length", "stop"]})
+    rows = Batch(
+        {"response_mask": torch.ones(3, 4, dtype=torch.long)}, {"finish_reason": ["stop", "length", "stop"]}
+    )
     assert dapo.without_truncated_tokens(rows)["response_mask"].sum(-1).tolist() == [4, 0, 4]
 
 
 class RowCountingActor(ActorRolloutRefWorker):
-    """Records how many rows each update receives on this rank."""
+    """Records how many rows, and which columns, each update receives on this rank."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rows: list[int] = []
+        self.columns: list[list[str]] = []
 
     def update_actor(self, batch: Batch, **kwargs) -> dict[str, float]:
         self.rows.append(len(batch))
+        self.columns.append(sorted(batch.keys()))
         return super().update_actor(batch, **kwargs)
 
     @register(dispatch="one_to_all")
     def rows_per_update(self) -> list[int]:
         return self.rows
+
+    @register(dispatch="rank_zero")
+    def columns_per_update(self) -> list[list[str]]:
+        return self.columns
 
 
 def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_path):
@@ -124,11 +143,17 @@ def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_
     with RLTrainer(config, worker_classes={"actor_rollout": RowCountingActor}) as trainer:
         trainer.fit(step)
         rows = trainer.actor.rows_per_update()
+        columns = trainer.actor.columns_per_update()
     records = read_jsonl(root / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     # Both updates trained on the whole kept batch (16 groups of 8, split over 2 ranks) ...
     assert [sum(per_rank) for per_rank in zip(*rows, strict=True)] == [128, 128]
-    for rollouts in trained:
+    for rollouts, sent in zip(trained, columns, strict=True):
+        # The tokens stayed on the workers; the response mask went along only where overlong filtering
+        # changed it (a truncated sample's mask is all zero now), so no truncated token was trained on.
+        truncated = bool((rollouts["finish_reason"] == "length").any())
+        assert {"rollout_ids", "advantages"} <= set(sent) and "responses" not in sent
+        assert ("response_mask" in sent) == truncated
         # ... and no group of it scored the same on every sample.
         scores = rollouts["scores"].view(16, 8)
         assert bool((scores.max(-1).values > scores.min(-1).values).all())

@@ -16,8 +16,8 @@ from hybridflow.protocol import Batch
 from tests.trainer._runs import run_config, write_task
 from trainer.fit import LogProbGapError
 from trainer.rl_trainer import RLTrainer
-from trainer.steps import generate, old_log_probs, score, update_actor
-from workers.actor import ActorRolloutRefWorker
+from trainer.steps import TRANSFER_METRIC, generate, old_log_probs, score, update_actor
+from workers.actor import MODEL_INPUTS, ActorRolloutRefWorker
 
 STEPS = 3
 
@@ -74,15 +74,22 @@ def task(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(ray_cluster, task):
     config = run_config(task, "hf", STEPS, ["trainer.save_every=2", "actor.param_dtype=float32"])
+    sent: list[tuple[float, Batch, Batch]] = []
+
+    def recorded_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+        rollouts = loo_step(trainer, prompts)
+        sent.append((trainer.step_metrics[TRANSFER_METRIC], prompts, rollouts))
+        return rollouts
+
     with RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as trainer:
-        trainer.fit(loo_step)
+        trainer.fit(recorded_step)
         seen = trainer.actor.columns_seen_by_updates()
         used_class = trainer.actor.worker_cls
-    return read_jsonl(task / "run" / "metrics.jsonl"), seen, used_class
+    return read_jsonl(task / "run" / "metrics.jsonl"), seen, used_class, sent
 
 
 def test_a_custom_step_resumes_and_reproduces_the_next_step(task, uninterrupted):
-    records, _, _ = uninterrupted
+    records, _, _, _ = uninterrupted
     assert [r["step"] for r in records] == [1, 2, 3]
     assert (task / "run" / "checkpoints" / "step_2").is_dir()
     for record in records:
@@ -109,12 +116,27 @@ def test_a_custom_step_resumes_and_reproduces_the_next_step(task, uninterrupted)
 
 
 def test_the_recipe_worker_class_runs_the_actor_role(uninterrupted):
-    _, seen, used_class = uninterrupted
+    _, seen, used_class, _ = uninterrupted
     assert used_class is ColumnRecordingActor
-    # Its override ran on every update (rank 0 records its share), with exactly the columns sent.
-    assert seen == [
-        ["advantages", "attention_mask", "input_ids", "old_log_probs", "response_mask", "responses"]
-    ] * STEPS
+    # Its override ran on every update (rank 0 records its share), with exactly the columns sent: the
+    # token columns stayed on the workers since generation.
+    assert seen == [["advantages", "old_log_probs", "rollout_ids"]] * STEPS
+
+
+def test_the_token_columns_travel_to_the_actor_once_per_step(uninterrupted):
+    records, _, _, sent = uninterrupted
+    assert len(sent) == STEPS
+    for (measured, prompts, rollouts), record in zip(sent, records, strict=True):
+        rows = len(rollouts)
+        computed = rollouts.select("advantages", "old_log_probs").nbytes()
+        # The prompts, then rollout ids (int64) for the log-prob pass and for the update with what
+        # the controller computed.
+        assert measured == prompts.nbytes() + 2 * 8 * rows + computed
+        assert record[TRANSFER_METRIC] == measured
+        # Sending the token columns with both calls, as the controller did before, costs far more.
+        before = prompts.nbytes() + 2 * rollouts.select(*MODEL_INPUTS).nbytes() + computed
+        print(f"bytes to the actor per step: {before} with the token columns, {measured} by rollout ids")
+        assert measured < before / 2
 
 
 def test_the_sync_check_fires_for_any_step_function(ray_cluster, task):
