@@ -113,6 +113,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             # training log-probs differ from the fp32 engine's by more at rare tokens (0.22 nats at step 1,
             # 1.03 at step 50, measured), so the bf16 run goes without the check.
             *(["actor.param_dtype=bfloat16", "resharding.max_log_prob_gap=null"] if args.precision == "bf16" else []),
+            *args.ours_overrides,
         ],
         Path(args.model_dir),
     )
@@ -236,7 +237,7 @@ def _launch(side: str, model_dir: Path, data_dir: Path, args: argparse.Namespace
     run_dir = (
         args.out / f"{side}_{args.precision}"
         if side == "trl"
-        else args.out / f"ours_{args.precision}_{args.layout}"
+        else args.out / "_".join(["ours", args.precision, args.layout, *args.ours_overrides])
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [
@@ -244,6 +245,7 @@ def _launch(side: str, model_dir: Path, data_dir: Path, args: argparse.Namespace
         "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--out", str(args.out),
         "--seed", str(args.seed), "--target", str(args.target), "--eval-every", str(args.eval_every),
         "--max-train-s", str(args.max_train_s), "--precision", args.precision, "--layout", args.layout,
+        *(f"--ours-override={override}" for override in args.ours_overrides),
     ]  # fmt: skip
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     print(f"--- {side}: {run_dir}", flush=True)
@@ -271,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sides", default="ours,trl")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="compute, both sides")
     parser.add_argument("--layout", default="two_ranks", choices=sorted(LAYOUTS), help="our ranks")
+    parser.add_argument(
+        "--ours-override", dest="ours_overrides", action="append", default=[], help="a key=value for our config"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "time_to_accuracy")
     # child-process arguments
     parser.add_argument("--side", choices=["ours", "trl"])
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out = args.out.resolve()
     model_dir, data_dir = prepare_inputs(args.out, args.seed)
     results = {side: _launch(side, model_dir, data_dir, args) for side in args.sides.split(",") if side}
-    report = args.out / f"report_{args.precision}_{args.layout}.json"
+    report = args.out / f"report_{'_'.join([args.precision, args.layout, *args.ours_overrides])}.json"
     report.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **results}, indent=1))
     print(f"\ntarget {args.target:.0%} held-out accuracy (seed {args.seed}):")
     reached: dict[str, float] = {}

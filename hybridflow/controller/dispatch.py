@@ -135,11 +135,13 @@ class ShardRefs:
 
 @dataclass(frozen=True)
 class DataParallelPlan:
-    """What `DataParallel.collect` needs: the mesh, the padding added, and the collecting ranks."""
+    """What `DataParallel.collect` needs: the mesh, the padding added, the collecting ranks, and the rows
+    of each input shard (``None`` when the input came as chained shards)."""
 
     mesh: str
     pad: int
     collectors: tuple[int, ...]  # rank collecting for dp group i, in dp order
+    shard_rows: int | None = None
 
 
 class DataParallel(DispatchMode):
@@ -157,7 +159,7 @@ class DataParallel(DispatchMode):
         self.allow_padding = allow_padding
         self.name = f"dp_compute[{mesh}]" if mesh != WORLD_MESH else "dp_compute"
 
-    def plan(self, layout: GroupLayout, pad: int) -> DataParallelPlan:
+    def plan(self, layout: GroupLayout, pad: int, shard_rows: int | None = None) -> DataParallelPlan:
         infos = layout.mesh(self.mesh)
         dp_size = infos[0].dp_size
         collectors: list[int | None] = [None] * dp_size
@@ -171,7 +173,7 @@ class DataParallel(DispatchMode):
         missing = [dp for dp, rank in enumerate(collectors) if rank is None]
         if missing:
             raise ValueError(f"mesh {self.mesh!r}: dp groups {missing} have no collecting rank")
-        return DataParallelPlan(self.mesh, pad, tuple(collectors))  # type: ignore[arg-type]
+        return DataParallelPlan(self.mesh, pad, tuple(collectors), shard_rows)  # type: ignore[arg-type]
 
     def dispatch(self, layout, args, kwargs):
         infos = layout.mesh(self.mesh)
@@ -210,24 +212,41 @@ class DataParallel(DispatchMode):
         ]
         if len(pads) > 1:
             raise ValueError(f"{self.name}: arguments carry different padding {sorted(pads)}; lengths differ")
-        return calls, self.plan(layout, pads.pop() if pads else 0)
+        pad = pads.pop() if pads else 0
+        shard_rows = (lengths.pop() + pad) // dp_size if lengths else None
+        return calls, self.plan(layout, pad, shard_rows)
 
     def collect(self, layout, outputs, plan: DataParallelPlan):
         shards = [outputs[rank] for rank in plan.collectors]
-        return concat_outputs(shards, plan.pad)
+        return concat_outputs(shards, plan.pad, plan.shard_rows)
 
 
-def concat_outputs(shards: list[Any], pad: int) -> Any:
-    """Join per-dp-group outputs in dp order and drop ``pad`` trailing rows.
+def _padding_outputs(shards: list[Any], pad: int, shard_rows: int | None) -> int:
+    """Output rows that answer the ``pad`` padding rows: ``pad`` times the rows each input row produced
+    (a generation call returns ``n`` samples per prompt). They are the last rows of the last shard."""
+    if not pad or shard_rows is None:
+        return pad
+    produced = len(shards[-1])
+    if produced % shard_rows:
+        raise ValueError(
+            f"a data-parallel shard of {shard_rows} rows (with {pad} padding rows) returned {produced} rows, "
+            "not a whole number per input row: the padding rows' outputs cannot be told apart"
+        )
+    return pad * (produced // shard_rows)
 
-    Batches and tensors are concatenated along rows; anything else (e.g. metric dicts) comes back as
-    the list of per-group values, since there are no rows to unpad.
+
+def concat_outputs(shards: list[Any], pad: int, shard_rows: int | None = None) -> Any:
+    """Join per-dp-group outputs in dp order and drop the outputs of the ``pad`` trailing input rows.
+
+    Batches and tensors are concatenated along rows; a method that returns ``k`` rows per input row
+    (``k`` from the last shard: its ``shard_rows`` input rows) loses ``k * pad``. Anything else (e.g.
+    metric dicts) comes back as the list of per-group values, since there are no rows to unpad.
     """
     if all(isinstance(s, Batch) for s in shards):
-        return Batch.concat(shards).unpad(pad)
+        return Batch.concat(shards).unpad(_padding_outputs(shards, pad, shard_rows))
     if all(isinstance(s, torch.Tensor) for s in shards):
         joined = torch.cat(shards)
-        return joined[: len(joined) - pad]
+        return joined[: len(joined) - _padding_outputs(shards, pad, shard_rows)]
     return shards
 
 

@@ -57,6 +57,13 @@ def test_dp_dispatch_gives_each_dp_group_its_rows_and_returns_each_row_once_in_o
     assert seen[2] == seen[3] == [4, 5, 6, 0]
 
 
+def test_dp_dispatch_drops_every_output_row_of_a_padding_row(mesh_group):
+    # 7 rows padded to 8: the copy of row 0 in dp group 1 produces 3 rows, and all 3 are dropped.
+    out = mesh_group.sample_rows(rows(7), 3)
+    assert out["row_id"].tolist() == [row for row in range(7) for _ in range(3)]
+    assert out["sample"].tolist() == [0, 1, 2] * 7
+
+
 def test_one_to_all_all_to_all_and_rank_zero(mesh_group):
     assert mesh_group.echo("hello") == [(0, "hello"), (1, "hello"), (2, "hello"), (3, "hello")]
     assert mesh_group.square_own([1, 2, 3, 4]) == [1, 5, 11, 19]

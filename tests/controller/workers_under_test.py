@@ -33,6 +33,11 @@ class MeshWorker(Worker):
             {"owner": [f"rank{self.rank}"] * n},
         )
 
+    @register(dispatch=DataParallel("infer"))
+    def sample_rows(self, batch: Batch, n: int) -> Batch:
+        """``n`` output rows per input row, in input order (as generation returns ``n`` samples per prompt)."""
+        return Batch({"row_id": batch["row_id"].repeat_interleave(n), "sample": torch.arange(n).repeat(len(batch))})
+
     @register(dispatch="one_to_all")
     def rows_seen_so_far(self) -> list[int]:
         return list(self.rows_seen)
