@@ -1,7 +1,7 @@
 """Shared-prefix packing against plain packing: forward + backward of one GRPO micro-batch.
 
-One process, the 3.1M Qwen2 of the TRL comparison (hidden 256, 4 layers, 8 / 2 heads, MLP 768, a
-20-token vocabulary), one micro-batch of ``--prompts`` prompts x ``--samples`` responses, every prompt
+One process, by default the 3.1M Qwen2 of the TRL comparison (hidden 256, 4 layers, 8 / 2 heads, MLP
+768, a 20-token vocabulary; ``--shape smollm2``: SmolLM2-135M's shape, randomly initialised), one micro-batch of ``--prompts`` prompts x ``--samples`` responses, every prompt
 ``--prompt-len`` tokens and every response ``--response-len``. Both variants compute the response
 tokens' log-probs and backpropagate their sum, interleaved ``--rounds`` times (so host load hits both
 alike):
@@ -13,6 +13,7 @@ Prints the median seconds of each and ``packed / shared``. The defaults are the 
 step benchmark's is ``--response-len 16``.
 
     python benchmarks/bench_shared_prefix.py [--prompt-len 7] [--response-len 4] [--threads 1]
+    python benchmarks/bench_shared_prefix.py --shape smollm2 --prompts 2 --prompt-len 40 --response-len 20 --threads 2
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ import torch
 from hybridflow.models import build_tiny_causal_lm
 from hybridflow.parallel import VARLEN_SDPA, packed_log_probs, shared_prefix_log_probs
 
-VOCAB = 20
+SHAPES = {
+    "tiny": dict(vocab_size=20, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768),
+    "smollm2": dict(
+        vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536
+    ),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=7)
@@ -40,13 +47,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = build_tiny_causal_lm(
-        vocab_size=VOCAB, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768
-    )
+    shape = SHAPES[args.shape]
+    model = build_tiny_causal_lm(**shape, max_position_embeddings=2048)
     model.set_attn_implementation(VARLEN_SDPA)
+    vocab = shape["vocab_size"]
     rows = args.prompts * args.samples
-    prompts = torch.randint(1, VOCAB, (args.prompts, args.prompt_len)).repeat_interleave(args.samples, dim=0)
-    responses = torch.randint(1, VOCAB, (rows, args.response_len))
+    prompts = torch.randint(1, vocab, (args.prompts, args.prompt_len)).repeat_interleave(args.samples, dim=0)
+    responses = torch.randint(1, vocab, (rows, args.response_len))
     prompt_mask, response_mask = torch.ones_like(prompts), torch.ones_like(responses)
     joined_ids, joined_mask = torch.cat([prompts, responses], 1), torch.cat([prompt_mask, response_mask], 1)
 
@@ -67,7 +74,10 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - start)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     tokens = rows * (args.prompt_len + args.response_len)
-    print(f"{rows} rows ({args.prompts} prompts x {args.samples}), {tokens} joined tokens, {args.threads} thread(s)")
+    print(
+        f"{args.shape} model, {rows} rows ({args.prompts} prompts x {args.samples}), {tokens} joined tokens, "
+        f"{args.threads} thread(s)"
+    )
     for name, value in medians.items():
         print(f"  {name:7s} {value:.4f} s (forward + backward, median of {args.rounds})")
     print(f"  packed / shared: {medians['packed'] / medians['shared']:.2f}x")
