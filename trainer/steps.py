@@ -172,7 +172,7 @@ def generate(trainer: RLTrainer, prompts: Batch, sampling: SamplingParams | None
     """
     sampling = sampling or sampling_params(trainer)
     store = trainer.kept_rollouts
-    keep = RolloutKeep(trainer.step, store.next_id(trainer.step), store.pad_token_id)
+    keep = RolloutKeep(trainer.step, store.next_id(trainer.step), store.pad_token_id, len(prompts) * sampling.n)
     with trainer.timer.phase("generation"):
         samples = trainer.actor.generate_sequences(_counted(trainer, prompts), sampling, keep)
     rollouts = prompts.repeat(sampling.n) | samples

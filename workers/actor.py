@@ -238,8 +238,8 @@ class ActorRolloutRefWorker(Worker):
 
     def _keep_rollouts(self, prompts: Batch, rollouts: Batch, keep: RolloutKeep) -> Batch:
         """Hold the `HELD_COLUMNS` of the whole call's rows on this rank, row ``i`` of the call (in dp
-        order) under id ``keep.first_id + i``; return this dp group's ``rollouts`` without the columns
-        of ``prompts``, plus ``rollout_ids [rows]``.
+        order) under id ``keep.first_id + i`` (the first ``keep.rows``: not the padding rows' samples);
+        return this dp group's ``rollouts`` without the columns of ``prompts``, plus ``rollout_ids [rows]``.
 
         The shards travel rank to rank, one per dp group from its collecting rank (the tp ranks of a
         group hold the same rows). A padded call's padding rows (at its end) get the largest ids.
@@ -253,7 +253,7 @@ class ActorRolloutRefWorker(Worker):
         ids = keep.first_id + torch.arange(sum(len(rows) for rows in ordered))
         if self.rollout_store is None:
             self.rollout_store = RolloutStore(keep.pad_token_id)
-        self.rollout_store.put(keep.step, ids, Batch.concat(ordered))
+        self.rollout_store.put(keep.step, ids[: keep.rows], Batch.concat(ordered)[: keep.rows])
         start = sum(len(rows) for rows in ordered[: infer.dp_rank])
         samples = rollouts.select(*[column for column in rollouts.keys() if column not in prompts])
         return samples | Batch({ROLLOUT_IDS: ids[start : start + len(rollouts)]})

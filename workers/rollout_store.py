@@ -32,11 +32,15 @@ class RolloutKeep:
         step: the training step the rows belong to; keeping rows of a later step drops the earlier ones.
         first_id: the id of the call's first row; row ``i`` (in dp order) gets ``first_id + i``.
         pad_token_id: fills ``input_ids`` when rows of calls with different prompt widths are joined.
+        rows: the call's rows (prompts x samples). A batch the dp size does not divide is padded at its
+            end, and the padding rows' samples (ids from ``first_id + rows`` on) are not kept, so the
+            next call of the step may start its ids there.
     """
 
     step: int
     first_id: int
     pad_token_id: int
+    rows: int
 
 
 class RolloutStore:

@@ -55,7 +55,7 @@ def generated(group):
     """The same generation without and with keep (same seed, same weights)."""
     full = group.generate_sequences(prompts(), SAMPLING)
     kept = group.generate_sequences(
-        prompts(), SAMPLING, RolloutKeep(step=1, first_id=FIRST_ID, pad_token_id=PAD)
+        prompts(), SAMPLING, RolloutKeep(step=1, first_id=FIRST_ID, pad_token_id=PAD, rows=ROWS)
     )
     return full, kept
 
@@ -132,9 +132,24 @@ def test_an_update_by_ids_equals_the_update_on_the_full_columns(group, generated
     assert max((after[k] - updated[k]).abs().max().item() for k in updated) <= 1e-6
 
 
+def test_uneven_calls_of_one_step_keep_only_their_own_rows(group):
+    """3 prompts over 2 dp ranks: the batch is padded with a copy of prompt 0, whose samples are not
+    returned and not kept, so the step's next call can take the ids that follow the 6 real rows."""
+    uneven = prompts()[:3]
+    rows = 3 * SAMPLING.n
+    first = group.generate_sequences(uneven, SAMPLING, RolloutKeep(step=7, first_id=0, pad_token_id=PAD, rows=rows))
+    second = group.generate_sequences(uneven, SAMPLING, RolloutKeep(step=7, first_id=rows, pad_token_id=PAD, rows=rows))
+    assert first["rollout_ids"].tolist() == list(range(rows))
+    assert second["rollout_ids"].tolist() == list(range(rows, 2 * rows))
+    both = Batch.concat([prompts()[:3].repeat(SAMPLING.n) | first, prompts()[:3].repeat(SAMPLING.n) | second])
+    expected = group.compute_log_prob(both.select(*MODEL_INPUTS, meta=False), temperature=1.0)["old_log_probs"]
+    by_ids = group.compute_log_prob(Batch({"rollout_ids": both["rollout_ids"]}), temperature=1.0)["old_log_probs"]
+    assert_close(by_ids, expected)
+
+
 def test_ids_of_an_earlier_step_fail_naming_them(group, generated):
     _, kept = generated
-    group.generate_sequences(prompts(), SAMPLING, RolloutKeep(step=2, first_id=0, pad_token_id=PAD))
+    group.generate_sequences(prompts(), SAMPLING, RolloutKeep(step=2, first_id=0, pad_token_id=PAD, rows=ROWS))
     with pytest.raises(WorkerError, match=r"KeyError: .*no rollout rows held for ids \[10[0-7], "):
         group.compute_log_prob(Batch({"rollout_ids": kept["rollout_ids"]}), temperature=1.0)
 
@@ -146,12 +161,12 @@ def test_tensor_parallel_ranks_keep_their_group_s_rows_once(ray_cluster, tmp_pat
     group, pool = actor_group(policy, 2, config, vllm_rollout(2), name="kept-tp2")
     try:
         first = group.generate_sequences(
-            prompts(), SAMPLING, RolloutKeep(step=1, first_id=0, pad_token_id=PAD)
+            prompts(), SAMPLING, RolloutKeep(step=1, first_id=0, pad_token_id=PAD, rows=ROWS)
         )
         # A second call of the same step continues the ids: had a tp rank's copy been kept too, the
         # first call would have taken ids 0..2*ROWS-1 and this one would collide with them.
         second = group.generate_sequences(
-            prompts(), SAMPLING, RolloutKeep(step=1, first_id=ROWS, pad_token_id=PAD)
+            prompts(), SAMPLING, RolloutKeep(step=1, first_id=ROWS, pad_token_id=PAD, rows=ROWS)
         )
         assert first["rollout_ids"].tolist() == list(range(ROWS))
         assert second["rollout_ids"].tolist() == list(range(ROWS, 2 * ROWS))
