@@ -239,8 +239,9 @@ def engine_activation_bytes(
 def hf_generate_cache_bytes(
     shape: ModelShape, rows: int, prompt_tokens: int, new_tokens: int, itemsize: int
 ) -> int:
-    """The transformers ``generate`` path (`hybridflow.rollout.hf_engine`): the dynamic KV cache of
-    ``rows`` sequences at full length, and the fp32 scores of every step that it keeps for log-probs."""
+    """The HF engine's decoding loop (`hybridflow.rollout.hf_engine`): the dynamic KV cache of ``rows``
+    sequences at full length, and one step's ``[rows, vocab]`` logits in fp32 three times over (the
+    filtered logits, their softmax and their log-softmax); a step's logits are freed before the next."""
     kv = 2 * shape.num_layers * rows * (prompt_tokens + new_tokens) * shape.kv_dim * itemsize
-    scores = rows * new_tokens * shape.vocab_size * _FP32
-    return kv + scores
+    step_logits = 3 * rows * shape.vocab_size * _FP32
+    return kv + step_logits

@@ -31,8 +31,8 @@ class RolloutConfig:
         cache_dir: directory for vLLM's and TorchInductor's compile caches (``VLLM_CACHE_ROOT``,
             ``TORCHINDUCTOR_CACHE_DIR``); sharing it between runs cuts engine start from ~25 s to ~5 s.
             ``None`` leaves the environment as it is.
-        hf_max_batch_rows: the HF engine generates at most this many rows at once; bounds the memory
-            of the per-step scores it keeps (rows x new tokens x vocab floats).
+        hf_max_batch_rows: the HF engine decodes at most this many sample rows at once (at least one
+            prompt's ``n``); bounds its KV cache and the ``[rows, vocab]`` logits of a step.
         enable_prompt_embeds: let the vLLM engine take input embeddings instead of token ids
             (``embedding_session``; the HF engine always can). Off by default: a worker class that
             decodes from embeddings turns it on.
@@ -51,7 +51,7 @@ class RolloutConfig:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     cache_dir: str | None = None
-    hf_max_batch_rows: int = 64
+    hf_max_batch_rows: int = 256
     enable_prompt_embeds: bool = False
     enable_prefix_caching: bool = True
 

@@ -1,4 +1,4 @@
-"""`HFRolloutEngine`: rollouts with transformers ``generate``; the reference and the fallback engine.
+"""`HFRolloutEngine`: rollouts with a transformers model in this process; the reference and the fallback engine.
 
 Besides token prompts, the engine decodes from input embeddings one position at a time
 (`HFRolloutEngine.embedding_session`): the caller chooses each next input vector itself (a soft mixture
@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from hybridflow.protocol import Batch
 from hybridflow.rollout.base import RolloutEngine
+from hybridflow.rollout.logprobs import filter_logits
 from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts, prompt_token_lists
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.seeding import SeedStream
@@ -80,19 +81,23 @@ class HFEmbeddingSession:
 
 
 class HFRolloutEngine(RolloutEngine):
-    """Generates with ``model.generate`` in this process, on the model's device.
+    """Generates with the transformers model in this process, on the model's device, in its own
+    decoding loop over the model's KV cache.
 
-    Reported log-probs are ``log_softmax`` of ``generate``'s per-step scores, which are the logits
-    after temperature, top-k and top-p (the same quantity vLLM reports with
-    ``logprobs_mode="processed_logprobs"``). The KV cache lives only inside a ``generate`` call, so
-    ``release``/``resume`` have nothing to free.
+    Each prompt is prefilled once and its KV cache copied to its ``n`` samples (transformers
+    ``generate`` would prefill every sample's copy of the prompt), and a sample that has stopped leaves
+    the decoding batch. The loop samples from `filter_logits` (temperature, then top-k, then top-p),
+    and reports the log-prob of each sampled token under that distribution: the quantity vLLM reports
+    with ``logprobs_mode="processed_logprobs"`` (`hybridflow.rollout.logprobs`). The KV cache lives
+    only inside a ``generate`` call, so ``release``/``resume`` have nothing to free.
 
     Args:
         model: an HF causal LM; the engine uses it in place (``update_weights`` writes into it).
         eos_token_ids: tokens that end a sample.
-        pad_token_id: fills responses past their end (and pads prompts inside ``generate``).
+        pad_token_id: fills responses past their end.
         seed: base of the per-call seed stream (see ``SeedStream``).
-        max_batch_rows: rows generated at once; bounds the ``rows x steps x vocab`` scores kept.
+        max_batch_rows: most sample rows decoded at once (at least one prompt's ``n``); bounds the KV
+            cache and the ``[rows, vocab]`` logits held at once.
     """
 
     def __init__(
@@ -101,7 +106,7 @@ class HFRolloutEngine(RolloutEngine):
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         seed: int = 0,
-        max_batch_rows: int = 64,
+        max_batch_rows: int = 256,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token")
@@ -111,76 +116,106 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_rows = max_batch_rows
         self._seeds = SeedStream(seed)
 
-    def _generation_config(self, sampling: SamplingParams, stop_ids: list[int]) -> GenerationConfig:
-        common = {
-            "max_new_tokens": sampling.max_new_tokens,
-            "eos_token_id": stop_ids,
-            "pad_token_id": self.pad_token_id,
-            "output_scores": True,
-            "return_dict_in_generate": True,
-            # Neutral values so that a checkpoint's generation_config.json cannot add processors
-            # the vLLM engine would not apply.
-            "repetition_penalty": 1.0,
-            "no_repeat_ngram_size": 0,
-            "min_length": 0,
-        }
-        if sampling.greedy:
-            return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(
-            do_sample=True,
-            temperature=sampling.temperature,
-            # transformers disables top-k with 0 (its default is 50) and top-p with 1.0.
-            top_k=0 if sampling.top_k == -1 else sampling.top_k,
-            top_p=sampling.top_p,
-            **common,
-        )
-
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         prompt_token_lists(prompts)  # validates the prompt columns and the left padding
-        n = sampling.n
         device = self.model.device
-        input_ids = prompts["input_ids"].repeat_interleave(n, dim=0).to(device)
-        attention_mask = prompts["attention_mask"].repeat_interleave(n, dim=0).to(device)
-        stop_ids = list(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids))
-        config = self._generation_config(sampling, stop_ids)
-        stop_tensor = torch.tensor(stop_ids, device=device)
-        prompt_len = input_ids.shape[1]
-
+        stop_ids = torch.tensor(
+            list(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids)), device=device
+        )
+        generator = torch.Generator(device=device).manual_seed(self._seeds.next(sampling.seed))
+        prompts_per_call = max(1, self.max_batch_rows // sampling.n)
         responses: list[list[int]] = []
         log_probs: list[list[float]] = []
         finish_reasons: list[str] = []
-        seed = self._seeds.next(sampling.seed)
-        rng_devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=rng_devices):
-            torch.manual_seed(seed)
-            for start in range(0, len(input_ids), self.max_batch_rows):
-                rows = slice(start, start + self.max_batch_rows)
-                out = self.model.generate(
-                    input_ids=input_ids[rows], attention_mask=attention_mask[rows], generation_config=config
-                )
-                new_tokens = out.sequences[:, prompt_len:]
-                # scores[t] [rows, vocab]: the processed logits step t sampled from.
-                step_log_probs = torch.stack(
-                    [
-                        scores.float().log_softmax(dim=-1).gather(-1, new_tokens[:, t : t + 1]).squeeze(-1)
-                        for t, scores in enumerate(out.scores)
-                    ],
-                    dim=1,
-                )
-                is_stop = torch.isin(new_tokens, stop_tensor)
-                has_stop = is_stop.any(dim=1)
-                # Past a sample's stop token generate writes pad ids; the sample ends at its first stop.
-                lengths = torch.where(has_stop, is_stop.float().argmax(dim=1) + 1, new_tokens.shape[1])
-                for row, (length, stopped) in enumerate(
-                    zip(lengths.tolist(), has_stop.tolist(), strict=True)
-                ):
-                    responses.append(new_tokens[row, :length].tolist())
-                    log_probs.append(step_log_probs[row, :length].tolist())
-                    finish_reasons.append(FINISH_STOP if stopped else FINISH_LENGTH)
+        for start in range(0, len(prompts), prompts_per_call):
+            rows = slice(start, start + prompts_per_call)
+            tokens, token_log_probs, lengths, stopped = self._decode(
+                prompts["input_ids"][rows].to(device),
+                prompts["attention_mask"][rows].to(device),
+                sampling,
+                stop_ids,
+                generator,
+            )
+            for row, (length, has_stop) in enumerate(zip(lengths.tolist(), stopped.tolist(), strict=True)):
+                responses.append(tokens[row, :length].tolist())
+                log_probs.append(token_log_probs[row, :length].tolist())
+                finish_reasons.append(FINISH_STOP if has_stop else FINISH_LENGTH)
         return pack_rollouts(
-            prompts, n, responses, log_probs, finish_reasons, sampling.max_new_tokens, self.pad_token_id
+            prompts,
+            sampling.n,
+            responses,
+            log_probs,
+            finish_reasons,
+            sampling.max_new_tokens,
+            self.pad_token_id,
         )
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        sampling: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample ``sampling.n`` responses for each of the left-padded ``input_ids [prompts, prompt_len]``.
+
+        Returns ``tokens [rows, max_new_tokens]`` (int64), their ``log_probs [rows, max_new_tokens]``
+        (float32, nats), ``lengths [rows]`` (int64, the stop token included) and ``stopped [rows]``
+        (bool: ended on a stop token), ``rows = prompts * n`` in the interleaved order; entries past a
+        row's length are unspecified.
+        """
+        n, max_new = sampling.n, sampling.max_new_tokens
+        positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
+        mask = attention_mask.repeat_interleave(n, dim=0)
+        next_position = positions[:, -1:].repeat_interleave(n, dim=0) + 1
+
+        rows = len(mask)
+        tokens = torch.full((rows, max_new), self.pad_token_id, dtype=torch.long, device=mask.device)
+        log_probs = torch.zeros(rows, max_new, device=mask.device)
+        lengths = torch.full((rows,), max_new, dtype=torch.long, device=mask.device)
+        stopped = torch.zeros(rows, dtype=torch.bool, device=mask.device)
+        live = torch.arange(rows, device=mask.device)  # the output row of each row still decoding
+        for step in range(max_new):
+            filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            if sampling.greedy:
+                token = filtered.argmax(dim=-1)
+            else:
+                token = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+            tokens[live, step] = token
+            log_probs[live, step] = filtered.log_softmax(dim=-1).gather(-1, token[:, None]).squeeze(-1)
+            ends = torch.isin(token, stop_ids)
+            stopped[live[ends]] = True
+            lengths[live[ends]] = step + 1
+            if step == max_new - 1 or bool(ends.all()):
+                break
+            if bool(ends.any()):
+                # A finished sample leaves the batch, its KV cache with it.
+                keep = (~ends).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                live, token, mask, next_position = live[keep], token[keep], mask[keep], next_position[keep]
+            mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1]
+            next_position = next_position + 1
+        return tokens, log_probs, lengths, stopped
 
     @torch.no_grad()
     def embedding_session(self, prompt_embeds: Sequence[torch.Tensor]) -> HFEmbeddingSession:

@@ -71,6 +71,34 @@ def test_greedy_equals_hand_rolled_loop_with_its_log_probs(engine: HFRolloutEngi
     assert out["response_mask"].sum(1).tolist() == out["response_lengths"].tolist()
 
 
+def test_every_sample_of_a_shared_prompt_prefill_decodes_like_its_own_prompt(tiny_model_dir: Path) -> None:
+    # Each prompt is prefilled once and its cache copied to its n samples; samples that stop leave the
+    # batch. Greedy samples of one prompt must all equal the unpadded hand-rolled loop over that prompt:
+    # a cache copied to the wrong rows, or rows mixed up after one leaves, would give another prompt's
+    # continuation. Two prompts per call (7 // 3) also joins calls.
+    engine = build_rollout_engine(RolloutConfig(name="hf", hf_max_batch_rows=7), tiny_model_dir)
+    prompts = _tiny.prompts()
+    real_prompts = [
+        prompt[mask.bool()].tolist()
+        for prompt, mask in zip(prompts["input_ids"], prompts["attention_mask"], strict=True)
+    ]
+    # A stop token early in the first prompt's continuation, so that samples end at different steps.
+    stop = _greedy_by_hand(engine.model, real_prompts[0], 10, {EOS})[0][2]
+    out = engine.generate(
+        prompts, SamplingParams(n=3, temperature=0, max_new_tokens=10, stop_token_ids=(stop,))
+    )
+    lengths = set()
+    for row, real in enumerate(real_prompts):
+        tokens, log_probs = _greedy_by_hand(engine.model, real, 10, {EOS, stop})
+        lengths.add(len(tokens))
+        for sample in range(row * 3, row * 3 + 3):
+            assert _token_lists(out)[sample] == tokens
+            torch.testing.assert_close(
+                out["rollout_log_probs"][sample, : len(tokens)], torch.tensor(log_probs), atol=1e-5, rtol=0
+            )
+    assert len(lengths) > 1, "the samples should stop at different steps, so that rows leave the batch"
+
+
 @pytest.mark.parametrize(
     "sampling",
     [
