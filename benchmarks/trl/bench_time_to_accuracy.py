@@ -9,9 +9,11 @@ held-out problems every ``--eval-every`` steps until the accuracy reaches ``--ta
   the response is the sum (``exact_match``); group-normalised advantages (mean and std); one AdamW step
   over the 512 rows (lr 1e-4 constant, no weight decay, grad-norm clip 1.0), clip 0.2, no KL, token-mean
   loss; fp32 (``--precision bf16``: bf16 compute on both sides, as in ``bench_grpo.py``).
-- **ours**: the demo's config and `trainer.algorithms.rl_step` (vLLM rollouts, FSDP2 update, 2 colocated
-  ranks, or one rank of two threads with ``--layout one_rank``; zero-advantage rows skipped as by
-  default); accuracy from the trainer's validation (greedy vLLM).
+- **ours**: the demo's config and `trainer.algorithms.rl_step` (the HF engine's rollouts, FSDP2 update,
+  2 colocated ranks, or one rank of two threads with ``--layout one_rank``; zero-advantage rows skipped
+  as by default), with the lr held constant as on TRL's side (the demo decays it); accuracy from the
+  trainer's validation (greedy, through the same engine). ``--ours-override rollout.engine=vllm`` runs
+  vLLM rollouts instead.
 - **trl**: `trl.GRPOTrainer` in one process on both cores (``use_cpu=True``, HF ``generate``,
   ``per_device_train_batch_size=128``, 4 accumulation steps, ``steps_per_generation=4``, ``loss_type="dapo"``,
   ``scale_rewards="group"``, ``beta=0``), in TRL's own venv (``benchmarks/trl/setup.sh``); accuracy from
@@ -109,6 +111,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={run_dir}",
             *LAYOUTS[args.layout],
+            "actor.lr_scheduler=constant",  # TRL's side runs at a constant lr; the demo decays it
             # The demo's bound on the rollout-vs-trainer gap (0.01 nats) flags stale weights in fp32; bf16
             # training log-probs differ from the fp32 engine's by more at rare tokens (0.22 nats at step 1,
             # 1.03 at step 50, measured), so the bf16 run goes without the check.

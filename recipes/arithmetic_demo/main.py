@@ -3,8 +3,8 @@
     1. write the synthetic task once (7,600 training and 500 held-out problems, "47+38=" -> "85");
     2. build a 3.2M-parameter Qwen2 and warm-start it with a fixed number of supervised steps from a
        fixed seed, to partial held-out accuracy (cached: later runs skip this);
-    3. train it with GRPO (64 prompts x 8 samples per step, exact-match reward, vLLM rollouts, FSDP2
-       updates), measuring held-out greedy accuracy with the trainer's own validation before the first
+    3. train it with GRPO (64 prompts x 8 samples per step, exact-match reward, HF-engine rollouts,
+       FSDP2 updates), measuring held-out greedy accuracy with the trainer's own validation before the first
        step and every ``trainer.val_every`` steps;
     4. print and plot accuracy against steps and against training time.
 

@@ -41,9 +41,11 @@ def test_config_is_the_measured_set_up(demo, data, tmp_path):
     assert (tiny.seed, config.data.seed, config.rollout.seed) == (1, 1, 1)
     assert config.trainer.total_steps == 3  # overrides win
     assert derive_sizes(config).rows_per_step == 64 * 8
-    assert (config.rollout.temperature, config.actor.lr, config.actor.lr_scheduler) == (1.0, 1e-4, "constant")
+    assert (config.rollout.temperature, config.actor.lr, config.actor.lr_scheduler) == (1.0, 1e-4, "cosine")
+    assert config.actor.min_lr_ratio == 0.1
     assert (config.actor.clip_eps_low, config.actor.clip_eps_high, config.actor.use_kl_loss) == (0.2, 0.2, False)
     assert config.actor.ppo_mini_batch_size == 512  # one optimizer step per batch
+    assert (config.rollout.engine, config.actor.ppo_micro_batch_size) == ("hf", 256)
     assert config.reward.default_fn == "exact_match"
     assert config.trainer.val_before_train and config.trainer.val_every == 10
     assert demo.demo_config(data, 0, []).trainer.total_steps == 250
