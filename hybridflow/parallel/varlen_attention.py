@@ -11,7 +11,8 @@ gathered into a padded ``[sequences, heads, longest, head_dim]`` batch under the
 (``sequences * longest^2`` scores; the usual case, sequences of similar length), or the run as one row
 with its own block-diagonal mask (``run^2``; a few long sequences among short ones). Scores computed are
 at most ``T * GROUP_TOKENS`` instead of ``T^2``. Without those kwargs (padded batches, generation) it is
-plain ``sdpa``.
+``sdpa``, except that on CPU a masked call with fewer key/value heads than query heads lets the kernel
+share the heads (`masked_gqa_attention`).
 
 Select it with ``model.set_attn_implementation(VARLEN_SDPA)``; importing ``hybridflow.parallel``
 registers it with transformers.
@@ -100,6 +101,29 @@ def _padding_is_cheaper(offsets: list[int]) -> bool:
     return len(lengths) * max(lengths) ** 2 < (offsets[-1] - offsets[0]) ** 2
 
 
+def masked_gqa_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """SDPA of ``query [batch, heads, q_len, head_dim]`` against fewer ``key/value [batch, kv_heads,
+    kv_len, head_dim]`` heads under ``attention_mask [batch, 1, q_len, kv_len]``; returns ``[batch,
+    q_len, heads, head_dim]``.
+
+    transformers' ``sdpa`` copies every key/value head ``heads / kv_heads`` times whenever a mask is
+    given, because CUDA's fused kernels take grouped heads only without a mask. The CPU kernel takes
+    both, which spares that copy of the whole KV cache at every decoding step of left-padded prompts
+    (a 25M model decoding 128 rows for 128 tokens: 14-16 s -> 10-11 s, docs/rollout.md).
+    """
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 def varlen_sdpa_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -124,6 +148,9 @@ def varlen_sdpa_attention(
             raise NotImplementedError(f"{VARLEN_SDPA} does not implement sliding-window attention")
         return shared_prefix_attention(query, key, value, shared_prefix, dropout, scaling), None
     if cu_seq_lens_q is None:
+        grouped = key.shape[1] != query.shape[1]
+        if grouped and attention_mask is not None and query.device.type == "cpu":
+            return masked_gqa_attention(query, key, value, attention_mask, dropout, scaling), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from hybridflow.models.io import load_causal_lm, read_special_token_ids
 from hybridflow.parallel.device import process_group_device_plan
+from hybridflow.parallel.varlen_attention import VARLEN_SDPA
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.hf_engine import HFRolloutEngine
@@ -37,7 +38,9 @@ def build_rollout_engine(
             (``read_special_token_ids``).
         device: for ``"hf"`` only: where the model generates; by default this process's device
             (`hybridflow.parallel.process_group_device_plan`: ``cuda:0`` in a GPU worker's nccl group,
-            else ``cpu``). The model is moved there, a given ``model`` included.
+            else ``cpu``). The model is moved there, a given ``model`` included. A model loaded here
+            for the CPU attends through `hybridflow.parallel.VARLEN_SDPA` (grouped KV heads stay
+            shared under the padding mask); a given ``model`` keeps its attention.
 
     The ``"vllm"`` engine needs an initialised torch.distributed process group and must be built
     on every rank at once (see ``VLLMRolloutEngine``); vLLM is imported only for it.
@@ -53,9 +56,14 @@ def build_rollout_engine(
         raise ValueError(
             "rollout.tensor_parallel_size must be 1 for the hf engine (every rank generates alone)"
         )
+    target = torch.device(device if device is not None else process_group_device_plan().device)
     if model is None:
         model = load_causal_lm(model_path, getattr(torch, config.dtype))
-    model = model.to(device if device is not None else process_group_device_plan().device)
+        if target.type == "cpu":
+            # Left-padded prompts decode under a mask; this attention keeps the grouped KV heads shared
+            # there instead of copying the cache per step (`masked_gqa_attention`).
+            model.set_attn_implementation(VARLEN_SDPA)
+    model = model.to(target)
     return HFRolloutEngine(
         model, eos, pad, seed=config.seed + data_parallel_rank(1), max_batch_rows=config.hf_max_batch_rows
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hybridflow.parallel import (
     VARLEN_SDPA,
@@ -170,3 +171,33 @@ def test_flash_attention_varlen_matches_sdpa():
             fn = packed_log_probs if attn.startswith("flash") else padded_log_probs
             results.append(fn(model, input_ids, mask).log_probs)
     torch.testing.assert_close(results[0], results[1], atol=3e-2, rtol=0)
+
+
+class _GroupedHeads(torch.nn.Module):
+    """What transformers' ``sdpa`` reads off an attention module: 4 query heads share 2 KV heads."""
+
+    num_key_value_groups = 2
+    is_causal = True
+
+
+@pytest.mark.parametrize("q_len", [1, 5], ids=["decoding_step", "prefill"])
+def test_masked_grouped_heads_equal_sdpa_with_copied_heads(q_len):
+    # Left-padded rows under a mask, 2 KV heads for 4 query heads: VARLEN_SDPA lets the CPU kernel share
+    # the KV heads where transformers' sdpa copies them first. The outputs must be the same.
+    generator = torch.Generator().manual_seed(0)
+    batch, kv_len, dim = 3, 7, 8
+    query = torch.randn(batch, 4, q_len, dim, generator=generator)
+    key = torch.randn(batch, 2, kv_len, dim, generator=generator)
+    value = torch.randn(batch, 2, kv_len, dim, generator=generator)
+    padding = torch.tensor([0, 1, 2])
+    valid = torch.arange(kv_len) >= padding[:, None]
+    causal = torch.arange(kv_len)[None, :] <= torch.arange(kv_len - q_len, kv_len)[:, None]
+    mask = (valid[:, None, :] & causal[None])[:, None]  # [batch, 1, q_len, kv_len]
+    module = _GroupedHeads()
+    ours, _ = varlen_attention.varlen_sdpa_attention(module, query, key, value, mask)
+    reference, _ = sdpa_attention_forward(module, query, key, value, mask)
+    assert ours.shape == (batch, q_len, 4, dim)
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=0)
+    # The mask matters here: without it the padded keys would change every row that has padding.
+    unmasked, _ = sdpa_attention_forward(module, query, key, value, None)
+    assert (unmasked[1:] - reference[1:]).abs().max() > 1e-3
