@@ -93,37 +93,38 @@ def _bucket_segments(segments: list[_Segment]) -> list[list[_Segment]]:
     call computes at most `_PADDING_SLACK` times the scores its segments need."""
     ordered = sorted(segments, key=lambda s: (len(s.keys), len(s.queries)))
     buckets: list[list[_Segment]] = []
-    needed = 0
+    needed = widest_q = 0
     for segment in ordered:
         if buckets:
             current = buckets[-1]
-            width_q = max(len(segment.queries), *(len(s.queries) for s in current))
+            width_q = max(len(segment.queries), widest_q)
             width_k = len(segment.keys)  # sorted by key count: the largest so far
             padded = (len(current) + 1) * width_q * width_k
             total = needed + len(segment.queries) * len(segment.keys)
             if padded <= _PADDING_SLACK * total + _SMALL_BUCKET_SCORES and padded <= _MAX_BUCKET_SCORES:
                 current.append(segment)
-                needed = total
+                needed, widest_q = total, width_q
                 continue
         buckets.append([segment])
-        needed = len(segment.queries) * len(segment.keys)
+        needed, widest_q = len(segment.queries) * len(segment.keys), len(segment.queries)
     return buckets
 
 
 def _attention_bucket(segments: list[_Segment]) -> AttentionBucket:
     width_q = max(len(s.queries) for s in segments)
     width_k = max(len(s.keys) for s in segments)
-    query_index = torch.zeros(len(segments), width_q, dtype=torch.long)
-    key_index = torch.zeros(len(segments), width_k, dtype=torch.long)
-    query_position = torch.full((len(segments), width_q), -1, dtype=torch.long)
-    key_count = torch.zeros(len(segments), 1, dtype=torch.long)
-    for i, segment in enumerate(segments):
-        q, k = len(segment.queries), len(segment.keys)
-        query_index[i, :q] = torch.tensor(segment.queries)
-        query_index[i, q:] = segment.queries[0]
-        key_index[i, :k] = torch.tensor(segment.keys)
-        query_position[i, :q] = torch.arange(segment.first_query_position, segment.first_query_position + q)
-        key_count[i] = k
+    # Built as Python lists and converted once: a few small tensor ops per segment cost more than the
+    # whole bucket's lists at micro-batch sizes.
+    query_index = torch.tensor([s.queries + s.queries[:1] * (width_q - len(s.queries)) for s in segments])
+    key_index = torch.tensor([s.keys + [0] * (width_k - len(s.keys)) for s in segments])
+    query_position = torch.tensor(
+        [
+            [*range(s.first_query_position, s.first_query_position + len(s.queries))]
+            + [-1] * (width_q - len(s.queries))
+            for s in segments
+        ]
+    )
+    key_count = torch.tensor([[len(s.keys)] for s in segments])
     valid = query_position >= 0
     key_position = torch.arange(width_k)
     mask = (key_position[None, None, :] <= query_position[:, :, None]) & (
@@ -150,11 +151,15 @@ def shared_prefix_layout(
     empty = (prompt_mask.sum(dim=1) == 0).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"rows {empty} have no prompt token; shared-prefix packing needs one per row")
+    # One conversion to lists and Python filtering: per-row tensor indexing costs more at these sizes.
     prompt_rows = [
-        ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)
+        [token for token, keep in zip(ids, mask, strict=True) if keep]
+        for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True)
     ]
-    response_cols = [mask.bool().nonzero().flatten().tolist() for mask in response_mask.cpu()]
-    response_rows = [ids[cols].tolist() for ids, cols in zip(responses.cpu(), response_cols, strict=True)]
+    response_cols = [[col for col, keep in enumerate(mask) if keep] for mask in response_mask.tolist()]
+    response_rows = [
+        [ids[col] for col in cols] for ids, cols in zip(responses.tolist(), response_cols, strict=True)
+    ]
     groups: dict[tuple[int, ...], list[int]] = {}
     for row, prompt in enumerate(prompt_rows):
         groups.setdefault(tuple(prompt), []).append(row)
