@@ -246,11 +246,17 @@ class LogProbGap:
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # On CPU torch's default is its per-tensor Python loop; the fused kernel computes the same update
+    # (a demo-shaped update: 0.274 s -> 0.254 s, weights equal to 1e-6 after 8 steps). On GPU the
+    # default (foreach) stays.
+    on_cpu = all(p.device.type == "cpu" for p in params)
     return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+        params,
         lr=config.lr,
         betas=config.betas,
         weight_decay=config.weight_decay,
+        fused=True if on_cpu else None,
     )
 
 
