@@ -137,9 +137,10 @@ class HFRolloutEngine(RolloutEngine):
                 stop_ids,
                 generator,
             )
-            for row, (length, has_stop) in enumerate(zip(lengths.tolist(), stopped.tolist(), strict=True)):
-                responses.append(tokens[row, :length].tolist())
-                log_probs.append(token_log_probs[row, :length].tolist())
+            columns = (tokens.tolist(), token_log_probs.tolist(), lengths.tolist(), stopped.tolist())
+            for row_tokens, row_log_probs, length, has_stop in zip(*columns, strict=True):
+                responses.append(row_tokens[:length])
+                log_probs.append(row_log_probs[:length])
                 finish_reasons.append(FINISH_STOP if has_stop else FINISH_LENGTH)
         return pack_rollouts(
             prompts,
