@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridflow.parallel.grouped_attention import grouped_masked_attention, prefers_explicit_attention
+
 __all__ = ["AttentionBucket", "SharedPrefixLayout", "shared_prefix_attention", "shared_prefix_layout"]
 
 # A bucket may pad its segments to at most this multiple of the scores they need (plus a small
@@ -228,16 +230,16 @@ def shared_prefix_attention(
     def gathered(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return states[0][:, index].transpose(0, 1)  # [segments, heads, width, head_dim]
 
+    explicit = prefers_explicit_attention(query, dropout)
     pieces = []
     for bucket in layout.buckets:
-        out = F.scaled_dot_product_attention(
-            gathered(query, bucket.query_index),
-            gathered(key, bucket.key_index),
-            gathered(value, bucket.key_index),
-            attn_mask=bucket.mask,
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=gqa,
-        )
+        q = gathered(query, bucket.query_index)
+        k, v = gathered(key, bucket.key_index), gathered(value, bucket.key_index)
+        if explicit:
+            out = grouped_masked_attention(q, k, v, bucket.mask, scaling)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bucket.mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+            )
         pieces.append(out.transpose(1, 2)[bucket.valid])  # [valid queries, heads, head_dim]
     return torch.cat(pieces)[layout.restore].unsqueeze(0)

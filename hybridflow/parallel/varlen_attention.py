@@ -29,6 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hybridflow.parallel.grouped_attention import grouped_masked_attention, prefers_explicit_attention
 from hybridflow.parallel.shared_prefix import SharedPrefixLayout, shared_prefix_attention
 
 VARLEN_SDPA = "hybridflow_varlen_sdpa"
@@ -118,9 +119,12 @@ def masked_gqa_attention(
     both, which spares that copy of the whole KV cache at every decoding step of left-padded prompts
     (a 25M model decoding 128 rows for 128 tokens: 14-16 s -> 10-11 s, docs/rollout.md).
     """
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-    )
+    if prefers_explicit_attention(query, dropout):
+        out = grouped_masked_attention(query, key, value, attention_mask, scaling)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )
     return out.transpose(1, 2).contiguous()
 
 
