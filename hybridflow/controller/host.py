@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.controller.worker import MeshInfo, Worker, WorkerContext, install_context
+from hybridflow.parallel.threads import set_this_thread_torch_threads
 
 __all__ = ["WorkerHost"]
 
@@ -28,9 +29,16 @@ def _free_port() -> int:
 
 
 class WorkerHost:
-    """Holds the colocated role objects of one rank."""
+    """Holds the colocated role objects of one rank.
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, use_gpu: bool) -> None:
+    ``torch_threads`` is how many threads torch computes with in the process's main thread, where the
+    roles run (`hybridflow.parallel.threads`: other threads keep the process default).
+    """
+
+    def __init__(
+        self, rank: int, world_size: int, local_rank: int, use_gpu: bool, torch_threads: int
+    ) -> None:
+        set_this_thread_torch_threads(torch_threads)
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank

@@ -84,6 +84,10 @@ class RayHostSet:
         try:
             host_cls = ray.remote(WorkerHost)
             slots = pool.slots()
+            resources = pool.process_resources
+            # Ray's own rule for a process's OpenMP threads, given here to the host's main thread
+            # only; the process default of one keeps gloo's helper threads from starting teams.
+            torch_threads = max(1, int(resources["num_cpus"]))
             for rank, slot in enumerate(slots):
                 self.hosts.append(
                     host_cls.options(
@@ -92,8 +96,9 @@ class RayHostSet:
                             slot.placement_group, slot.bundle_index
                         ),
                         max_concurrency=1,
-                        **pool.process_resources,
-                    ).remote(rank, len(slots), slot.local_rank, pool.use_gpu)
+                        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+                        **resources,
+                    ).remote(rank, len(slots), slot.local_rank, pool.use_gpu, torch_threads)
                 )
             addr, port = ray.get(self.hosts[0].rendezvous_address.remote(), timeout=init_timeout_s)
             self.pids: list[int] = ray.get(

@@ -25,6 +25,7 @@ from tests.controller.workers_under_test import (
     MeshWorker,
     Placeholder,
     StatefulRole,
+    ThreadCounts,
 )
 
 
@@ -107,6 +108,18 @@ def test_colocated_roles_share_a_process_but_not_state(ray_cluster):
         assert described["actor"][0][2] != described["actor"][1][2]
     finally:
         next(iter(groups.values())).hosts.shutdown()
+        pool.release()
+
+
+def test_a_host_computes_with_its_cpus_in_the_role_thread_and_one_thread_elsewhere(ray_cluster):
+    # Two CPUs a slot: the roles' thread gets both; helper threads (gloo's, here a plain one) keep
+    # OpenMP's default of one and start no OpenMP team of their own (hybridflow.parallel.threads).
+    pool = ResourcePool([2], cpus_per_slot=2.0, name="threads")
+    group = create_colocated_worker_groups(pool, {"counts": RoleSpec(ThreadCounts)})["counts"]
+    try:
+        assert group.counts() == [(2, 1, "1"), (2, 1, "1")]
+    finally:
+        group.hosts.shutdown()
         pool.release()
 
 

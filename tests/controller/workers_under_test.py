@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -128,6 +129,18 @@ class BrokenOnRank(Worker):
         super().__init__()
         if self.rank == bad_rank:
             raise RuntimeError(f"cannot build on rank {self.rank}")
+
+
+class ThreadCounts(Worker):
+    """Reports torch's thread count in the thread that runs the role and in a helper thread."""
+
+    @register(dispatch="one_to_all")
+    def counts(self) -> tuple[int, int, str | None]:
+        seen: dict[str, int] = {}
+        helper = threading.Thread(target=lambda: seen.update(threads=torch.get_num_threads()))
+        helper.start()
+        helper.join()
+        return torch.get_num_threads(), seen["threads"], os.environ.get("OMP_NUM_THREADS")
 
 
 class Placeholder:
