@@ -38,6 +38,7 @@ Run (from the repository root, in the project venv, after ``bash benchmarks/trl/
 
     RAY_AUTH_MODE=disabled python benchmarks/trl/bench_grpo.py [--sizes small,tiny] [--repeats 2]
         [--steps 4] [--warmup 1] [--trl-variants plain,gc] [--reward varied] [--precision fp32]
+        [--micro-batch-rows 64]
         [--layout two_ranks] [--ours-override key=value ...] [--out benchmarks/trl/runs]
 """
 
@@ -63,7 +64,7 @@ TRL_PYTHON = HERE / ".venv" / "bin" / "python"
 PROMPTS_PER_STEP = 32
 SAMPLES_PER_PROMPT = 8
 ROWS_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
-MICRO_BATCH_ROWS = 64  # rows per forward/backward, both sides
+MICRO_BATCH_ROWS = 64  # rows per forward/backward, both sides (``--micro-batch-rows``)
 LR = 1e-4
 MAX_PROMPT_TOKENS = 8
 
@@ -172,8 +173,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             f"actor.lr={LR}",
             "actor.weight_decay=0.0",
             f"actor.ppo_mini_batch_size={ROWS_PER_STEP}",  # one optimizer step per batch
-            f"actor.ppo_micro_batch_size={MICRO_BATCH_ROWS}",
-            f"actor.forward_micro_batch_size={2 * MICRO_BATCH_ROWS}",
+            f"actor.ppo_micro_batch_size={args.micro_batch_rows}",
+            f"actor.forward_micro_batch_size={2 * args.micro_batch_rows}",
             f"reward.default_fn={REWARDS_OURS[args.reward]}",
             "reward.num_workers=1",
             f"trainer.total_steps={args.steps}",
@@ -333,7 +334,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     config = trl_grpo_config(
         run_dir,
         rows_per_step=ROWS_PER_STEP,
-        micro_batch_rows=MICRO_BATCH_ROWS,
+        micro_batch_rows=args.micro_batch_rows,
         max_new_tokens=max_new,
         bf16=args.precision == "bf16",
         seed=0,
@@ -419,7 +420,8 @@ def _launch(
         python, str(Path(__file__).resolve()), "--side", side, "--variant", variant, "--size", size,
         "--model-dir", str(model_dir), "--data-dir", str(data_dir), "--run-dir", str(run_dir),
         "--steps", str(args.steps), "--reward", args.reward, "--precision", args.precision,
-        "--layout", args.layout, *[f"--ours-override={o}" for o in args.ours_overrides],
+        "--layout", args.layout, "--micro-batch-rows", str(args.micro_batch_rows),
+        *[f"--ours-override={o}" for o in args.ours_overrides],
     ]  # fmt: skip
     env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     if side == "trl":
@@ -499,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="compute, both sides")
     parser.add_argument("--layout", default="two_ranks", choices=sorted(LAYOUTS), help="our ranks")
     parser.add_argument(
+        "--micro-batch-rows", type=int, default=MICRO_BATCH_ROWS, help="rows per forward/backward, both sides"
+    )
+    parser.add_argument(
         "--ours-override", dest="ours_overrides", action="append", default=[], help="a key=value for our config"
     )
     parser.add_argument("--out", type=Path, default=HERE / "runs")
@@ -520,7 +525,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = [v for v in args.trl_variants.split(",") if v]
     report: dict[str, Any] = {"sizes": {}}
     for size in [s for s in args.sizes.split(",") if s]:
-        setting = "_".join([size, args.reward, args.precision, args.layout, *args.ours_overrides])
+        micro = [] if args.micro_batch_rows == MICRO_BATCH_ROWS else [f"micro{args.micro_batch_rows}"]
+        setting = "_".join([size, args.reward, args.precision, args.layout, *micro, *args.ours_overrides])
         model_dir, data_dir = prepare_inputs(args.out, size)
         params = int((model_dir / "params.txt").read_text())
         print(

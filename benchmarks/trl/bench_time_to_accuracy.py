@@ -10,7 +10,7 @@ held-out problems every ``--eval-every`` steps until the accuracy reaches ``--ta
   over the 512 rows (lr 1e-4 constant, no weight decay, grad-norm clip 1.0), clip 0.2, no KL, token-mean
   loss; fp32 (``--precision bf16``: bf16 compute on both sides, as in ``bench_grpo.py``).
 - **ours**: the demo's config and `trainer.algorithms.rl_step` (the HF engine's rollouts, FSDP2 update,
-  2 colocated ranks, or one rank of two threads with ``--layout one_rank``; zero-advantage rows skipped
+  one rank of two threads, or 2 colocated ranks with ``--layout two_ranks``; zero-advantage rows skipped
   as by default), with the lr held constant as on TRL's side (the demo decays it); accuracy from the
   trainer's validation (greedy, through the same engine). ``--ours-override rollout.engine=vllm`` runs
   vLLM rollouts instead.
@@ -26,7 +26,7 @@ other on the shared checkpoint: both sides report their step-0 accuracy.
 Run (from the repository root, in the project venv, after ``bash benchmarks/trl/setup.sh``)::
 
     RAY_AUTH_MODE=disabled python benchmarks/trl/bench_time_to_accuracy.py [--target 0.8] [--eval-every 10]
-        [--max-train-s 1200] [--seed 0] [--sides ours,trl] [--precision fp32] [--layout two_ranks]
+        [--max-train-s 1200] [--seed 0] [--sides ours,trl] [--precision fp32] [--layout demo]
         [--out benchmarks/trl/runs/time_to_accuracy]
 """
 
@@ -45,6 +45,9 @@ from typing import Any
 
 # This folder: both venvs import it.
 from bench_grpo import HERE, LAYOUTS, REPO, SAMPLES_PER_PROMPT, TRL_PYTHON, exact_match, trl_grpo_config
+
+# The demo's own layout (one rank of two threads), or either of the step benchmark's.
+DEMO_LAYOUTS = {"demo": [], **LAYOUTS}
 
 PROMPTS_PER_STEP = 64
 ROWS_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
@@ -110,7 +113,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             "trainer.val_before_train=false",
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={run_dir}",
-            *LAYOUTS[args.layout],
+            *DEMO_LAYOUTS[args.layout],
             "actor.lr_scheduler=constant",  # TRL's side runs at a constant lr; the demo decays it
             # The demo's bound on the rollout-vs-trainer gap (0.01 nats) flags stale weights in fp32; bf16
             # training log-probs differ from the fp32 engine's by more at rare tokens (0.22 nats at step 1,
@@ -275,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sides", default="ours,trl")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="compute, both sides")
-    parser.add_argument("--layout", default="two_ranks", choices=sorted(LAYOUTS), help="our ranks")
+    parser.add_argument(
+        "--layout", default="demo", choices=sorted(DEMO_LAYOUTS), help="our ranks (demo: as the demo)"
+    )
     parser.add_argument(
         "--ours-override", dest="ours_overrides", action="append", default=[], help="a key=value for our config"
     )

@@ -1,4 +1,4 @@
-"""The main demo: GRPO visibly teaches a tiny model 2-digit addition, on 2 CPU ranks.
+"""The main demo: GRPO visibly teaches a tiny model 2-digit addition, on 2 CPU cores.
 
     1. write the synthetic task once (7,600 training and 500 held-out problems, "47+38=" -> "85");
     2. build a 3.2M-parameter Qwen2 and warm-start it with a fixed number of supervised steps from a

@@ -46,6 +46,7 @@ def test_config_is_the_measured_set_up(demo, data, tmp_path):
     assert (config.actor.clip_eps_low, config.actor.clip_eps_high, config.actor.use_kl_loss) == (0.2, 0.2, False)
     assert config.actor.ppo_mini_batch_size == 512  # one optimizer step per batch
     assert (config.rollout.engine, config.actor.ppo_micro_batch_size) == ("hf", 256)
+    assert (config.resource.slots_per_node, config.resource.cpus_per_slot) == (1, 2.0)  # one rank
     assert config.reward.default_fn == "exact_match"
     assert config.trainer.val_before_train and config.trainer.val_every == 10
     assert demo.demo_config(data, 0, []).trainer.total_steps == 250
