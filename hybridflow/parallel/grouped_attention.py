@@ -4,9 +4,9 @@ PyTorch's CPU SDPA sends a masked bf16 call to its flash kernel, which is built 
 the short, many-segment calls of this package it is slow, and its backward much more so. Measured on 2
 cores (``python benchmarks/bench_grouped_attention.py``, docs/parallel.md): one 256-segment
 shared-prefix bucket (8 heads, 2 KV heads, 15 queries against 21 keys, head_dim 32), forward +
-backward, 82 ms under the flash kernel, 25 ms under SDPA's math backend, 7.8 ms here; forward + backward of
-a 3.1M model's 256-row GRPO batch, 0.86 s -> 0.49 s. In fp32 the flash kernel is the faster one (19 ms against 28 ms for
-this computation), so fp32 stays on SDPA.
+backward, 82 ms under the flash kernel, 25 ms under SDPA's math backend, 7.8 ms here; the forward +
+backward of a 3.1M model over a 256-row GRPO batch, 0.86 s -> 0.49 s. In fp32 the flash kernel is the
+faster one (19 ms against 28 ms for that bucket), so fp32 stays on SDPA.
 
 Here the query heads that share a key/value head are stacked as extra query rows, so the keys and
 values are never copied per head; the scores are taken in fp32 for the softmax and cast back for the
