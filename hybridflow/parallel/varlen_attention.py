@@ -117,7 +117,9 @@ def masked_gqa_attention(
     transformers' ``sdpa`` copies every key/value head ``heads / kv_heads`` times whenever a mask is
     given, because CUDA's fused kernels take grouped heads only without a mask. The CPU kernel takes
     both, which spares that copy of the whole KV cache at every decoding step of left-padded prompts
-    (a 25M model decoding 128 rows for 128 tokens: 14-16 s -> 10-11 s, docs/rollout.md).
+    (a 25M model decoding 128 rows for 128 tokens: 14-16 s -> 10-11 s, docs/rollout.md). In bf16 or
+    fp16 the call goes to `grouped_masked_attention` instead, which shares the heads too and is faster
+    than the CPU kernel at these precisions (`prefers_explicit_attention`).
     """
     if prefers_explicit_attention(query, dropout):
         out = grouped_masked_attention(query, key, value, attention_mask, scaling)
