@@ -5,8 +5,8 @@ median milliseconds printed with the ratio to ours:
 
 * **one attention call**, forward + backward, bf16: the shapes of the 3.1M TRL-comparison model (8
   heads, 2 KV heads, head_dim 32). ``bucket``: one shared-prefix bucket of ``--segments`` branches of 15
-  queries against 21 keys; ``decode``: one decoding step, 1 query against 23 keys, forward only.
-  Variants: `grouped_masked_attention` (ours), SDPA as dispatched (its flash kernel on CPU), SDPA's
+  queries against 21 keys; ``decode``: one decoding step, 1 query against 23 keys, forward only,
+  under a padding mask and without one (rows of one prompt length). Variants: `grouped_masked_attention` (ours), SDPA as dispatched (its flash kernel on CPU), SDPA's
   math backend.
 * **the model**: `shared_prefix_log_probs` forward + backward of that 3.1M model in bf16 on 32 prompts x
   8 responses of 16 tokens (prompts of 4-6), in micro-batches of 64 rows, with the explicit attention
@@ -48,7 +48,7 @@ def interleaved_medians(variants: dict[str, Callable[[], None]], rounds: int) ->
 
 
 def attention_variants(
-    segments: int, q_len: int, kv_len: int, backward: bool
+    segments: int, q_len: int, kv_len: int, backward: bool, masked: bool = True
 ) -> dict[str, Callable[[], None]]:
     generator = torch.Generator().manual_seed(0)
 
@@ -58,7 +58,7 @@ def attention_variants(
     query = tensor(segments, HEADS, q_len, HEAD_DIM)
     key, value = tensor(segments, KV_HEADS, kv_len, HEAD_DIM), tensor(segments, KV_HEADS, kv_len, HEAD_DIM)
     # Each query sees the keys up to its own position (the branch continues the prompt).
-    mask = torch.ones(segments, 1, q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+    mask = torch.ones(segments, 1, q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len) if masked else None
 
     def run(attend: Callable[[], torch.Tensor]) -> Callable[[], None]:
         def call() -> None:
@@ -130,10 +130,10 @@ def main() -> None:
     bucket = attention_variants(args.segments, 15, 21, backward=True)
     report(f"bucket: {args.segments} segments x 15 queries x 21 keys, forward + backward",
            interleaved_medians(bucket, args.rounds))  # fmt: skip
-    decode = attention_variants(args.segments, 1, 23, backward=False)
-    report(
-        f"decode: {args.segments} rows x 1 query x 23 keys, forward", interleaved_medians(decode, args.rounds)
-    )
+    for masked in (True, False):
+        decode = attention_variants(args.segments, 1, 23, backward=False, masked=masked)
+        report(f"decode: {args.segments} rows x 1 query x 23 keys, forward, {'masked' if masked else 'no mask'}",
+               interleaved_medians(decode, args.rounds))  # fmt: skip
     report("model: 3.1M, 256 rows (32 prompts x 8), 4 micro-batches, forward + backward",
            interleaved_medians(model_variants(), args.rounds))  # fmt: skip
 

@@ -28,7 +28,11 @@ def prefers_explicit_attention(query: torch.Tensor, dropout: float) -> bool:
 
 
 def grouped_masked_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
 ) -> torch.Tensor:
     """``softmax(query key^T * scaling + mask) value`` with grouped key/value heads.
 
@@ -37,7 +41,8 @@ def grouped_masked_attention(
         key, value: ``[batch, kv_heads, kv_len, head_dim]``; ``heads`` is a multiple of ``kv_heads``
             and query head ``h`` reads key/value head ``h // (heads / kv_heads)``, as in SDPA's
             ``enable_gqa``.
-        mask: ``[batch or 1, 1, q_len, kv_len]``, bool (True attends) or additive float.
+        mask: ``[batch or 1, 1, q_len, kv_len]``, bool (True attends) or additive float; ``None``:
+            every query sees every key (a decoding step of unpadded rows).
         scaling: multiplies the scores; ``None`` is ``head_dim ** -0.5``.
 
     Returns ``[batch, heads, q_len, head_dim]`` in ``query``'s dtype. A query that sees no key gets
@@ -51,9 +56,9 @@ def grouped_masked_attention(
     stacked = query.reshape(batch, kv_heads, group * q_len, head_dim)
     scores = torch.matmul(stacked, key.transpose(-1, -2)).float().mul_(scale)
     scores = scores.view(batch, kv_heads, group, q_len, -1)
-    if mask.dtype == torch.bool:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask.unsqueeze(2), torch.finfo(torch.float32).min)
-    else:
+    elif mask is not None:
         scores = scores + mask.unsqueeze(2)
     weights = F.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, group * q_len, -1)
     return torch.matmul(weights, value).view(batch, heads, q_len, head_dim)

@@ -11,8 +11,9 @@ gathered into a padded ``[sequences, heads, longest, head_dim]`` batch under the
 (``sequences * longest^2`` scores; the usual case, sequences of similar length), or the run as one row
 with its own block-diagonal mask (``run^2``; a few long sequences among short ones). Scores computed are
 at most ``T * GROUP_TOKENS`` instead of ``T^2``. Without those kwargs (padded batches, generation) it is
-``sdpa``, except that on CPU a masked call with fewer key/value heads than query heads lets the kernel
-share the heads (`masked_gqa_attention`).
+``sdpa``, except on CPU: a masked call with fewer key/value heads than query heads lets the kernel
+share the heads (`masked_gqa_attention`), and a bf16/fp16 decoding step without a mask (rows of one
+prompt length) goes to `grouped_masked_attention`.
 
 Select it with ``model.set_attn_implementation(VARLEN_SDPA)``; importing ``hybridflow.parallel``
 registers it with transformers.
@@ -157,6 +158,10 @@ def varlen_sdpa_attention(
         grouped = key.shape[1] != query.shape[1]
         if grouped and attention_mask is not None and query.device.type == "cpu":
             return masked_gqa_attention(query, key, value, attention_mask, dropout, scaling), None
+        if attention_mask is None and query.shape[2] == 1 and prefers_explicit_attention(query, dropout):
+            # A decoding step of unpadded rows: the CPU flash kernel takes 4-9x longer on one query.
+            out = grouped_masked_attention(query, key, value, None, scaling)
+            return out.transpose(1, 2).contiguous(), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

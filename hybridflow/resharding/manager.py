@@ -33,6 +33,11 @@ manager's contract (an iterator of named tensors per switch) stays the same.
 
 Every switch records a `SwitchReport`: seconds, bytes streamed, bytes freed or restored, and peak
 memory (RSS on CPU, allocated memory on GPU).
+
+On CPU, for an engine that holds host memory of its own (``engine.trims_host_memory``: vLLM), each
+switch hands the heap's freed memory back to the operating system, so that the other layout's
+allocations find it; for the HF engine, which decodes with the training process's own tensors, it
+does not (a trim would only make the next phase fault its pages in again).
 """
 
 from __future__ import annotations
@@ -161,6 +166,7 @@ class ReshardingManager:
         self.layout = "training"
         self.reports: list[SwitchReport] = []
         self._streamer = WeightStreamer(config.bucket_bytes, device, config.weight_dtype)
+        self._trims_host_memory = device.type == "cpu" and engine.trims_host_memory
 
     def __enter__(self) -> RolloutEngine:
         self.to_inference()
@@ -174,7 +180,7 @@ class ReshardingManager:
         if self.layout != "training":
             raise RuntimeError(f"to_inference called in the {self.layout} layout")
         start = time.perf_counter()
-        with PeakMemoryTracker(self.device) as tracker:
+        with PeakMemoryTracker(self.device, trim_first=self._trims_host_memory) as tracker:
             offloaded = free_gradients(self.model)
             if self.config.offload_optimizer and self.optimizer is not None:
                 offloaded += offload_optimizer_state(self.optimizer).bytes_moved
@@ -184,7 +190,7 @@ class ReshardingManager:
             self.engine.update_weights(self._stream_weights())
             tracker.sample()
             stream_extra = tracker.extra_peak_bytes
-            if self.device.type == "cpu":
+            if self._trims_host_memory:
                 # What the engine freed while reloading stays resident in the heap until trimmed.
                 return_freed_host_memory()
             if self.config.offload_params:
@@ -210,7 +216,7 @@ class ReshardingManager:
         if self.layout != "inference":
             raise RuntimeError(f"to_training called in the {self.layout} layout")
         start = time.perf_counter()
-        with PeakMemoryTracker(self.device) as tracker:
+        with PeakMemoryTracker(self.device, trim_first=self._trims_host_memory) as tracker:
             engine_bytes = self.engine.release() if self.config.free_kv_cache else 0
             restored = 0
             if self.config.offload_params:
@@ -234,7 +240,7 @@ class ReshardingManager:
 
     def _stream_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         weights = self._streamer.stream(self.model)
-        if self.device.type != "cpu":
+        if not self._trims_host_memory:
             return weights
         # The gather buffer itself is one bucket; allow the engine's transients one more.
         ceiling = current_memory_bytes(self.device) + 2 * self.config.bucket_bytes

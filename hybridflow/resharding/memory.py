@@ -66,11 +66,17 @@ def current_memory_bytes(device: torch.device) -> int:
 
 
 class PeakMemoryTracker:
-    """Context manager recording the start and peak memory (bytes) of the enclosed block."""
+    """Context manager recording the start and peak memory (bytes) of the enclosed block.
 
-    def __init__(self, device: torch.device, interval_s: float = 0.002) -> None:
+    On CPU it first trims the heap (`return_freed_host_memory`) so that the rise counts memory the
+    block reuses from earlier phases; with ``trim_first=False`` it does not, and the rise counts only
+    memory beyond what the process already held.
+    """
+
+    def __init__(self, device: torch.device, interval_s: float = 0.002, trim_first: bool = True) -> None:
         self.device = device
         self.interval_s = interval_s
+        self.trim_first = trim_first
         self.start_bytes = 0
         self.peak_bytes = 0
         self._stop = threading.Event()
@@ -107,7 +113,7 @@ class PeakMemoryTracker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        else:
+        elif self.trim_first:
             # Freed-but-resident heap (e.g. the last update's activations) would otherwise be reused
             # by the block without showing in RSS, and the measured rise would understate its cost.
             return_freed_host_memory()

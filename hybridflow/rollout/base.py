@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 
@@ -19,10 +20,17 @@ class RolloutEngine(ABC):
     Attributes:
         eos_token_ids: tokens that end a sample (besides ``SamplingParams.stop_token_ids``).
         pad_token_id: fills the response columns past each sample's end.
+        trims_host_memory: whether, on CPU, the `ReshardingManager` hands freed heap memory back to
+            the operating system (glibc's ``malloc_trim``) at each layout switch. True where the engine
+            holds host memory of its own that the training layout's freed memory cannot serve (vLLM:
+            its weight copy, the reload's transient copies, its KV cache). False where the engine
+            decodes with the training process's own tensors and allocator (the HF engine): a trim
+            there only makes the next phase fault all its pages in again.
     """
 
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
+    trims_host_memory: ClassVar[bool] = True
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:

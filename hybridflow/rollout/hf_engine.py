@@ -100,6 +100,10 @@ class HFRolloutEngine(RolloutEngine):
             cache and the ``[rows, vocab]`` logits held at once.
     """
 
+    # Weights are copied in place and decoding allocates from the heap the update freed; trimming it
+    # at every switch made a 3.1M one-rank step fault 86k pages a second (0.93 s -> 0.82 s without).
+    trims_host_memory = False
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from hybridflow.parallel import padded_log_probs, shared_prefix_log_probs
 from hybridflow.parallel.grouped_attention import grouped_masked_attention, prefers_explicit_attention
+from hybridflow.parallel.varlen_attention import varlen_sdpa_attention
 from tests.parallel._helpers import VOCAB, tiny_qwen2
 
 
@@ -54,6 +55,38 @@ def test_grouped_masked_attention_equals_sdpa_with_gradients(q_len, additive):
     # Query head h reads key head h // 3: giving the heads to the other key head changes the output.
     swapped = grouped_masked_attention(query, key.flip(1), value.flip(1), mask, 0.3)
     assert (swapped - reference).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_grouped_attention_without_a_mask_lets_every_query_see_every_key(q_len):
+    query, key, value, _ = _inputs(q_len, kv_len=7)
+    ours, ours_grads = _with_grads(lambda q, k, v: grouped_masked_attention(q, k, v, None, None), query, key, value)
+    reference, reference_grads = _with_grads(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), query, key, value
+    )
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-5)
+    for name, got, want in zip("qkv", ours_grads, reference_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_an_unmasked_bf16_decoding_step_takes_the_explicit_attention():
+    """Rows of one prompt length decode without a mask; in bf16 the step is the explicit attention's
+    (bit for bit) and follows SDPA's to bf16 rounding. Prefill (several queries) stays on SDPA."""
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3  # transformers' sdpa reads it on the prefill's path
+    query, key, value, _ = _inputs(q_len=1, kv_len=9)
+    query, key, value = query.bfloat16(), key.bfloat16(), value.bfloat16()
+    out, _ = varlen_sdpa_attention(module, query, key, value, None)
+    explicit = grouped_masked_attention(query, key, value, None, None).transpose(1, 2)
+    torch.testing.assert_close(out, explicit, atol=0, rtol=0)
+    reference = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), enable_gqa=True)
+    torch.testing.assert_close(out.float(), reference.transpose(1, 2), atol=3e-2, rtol=0)
+    prefill_query, prefill_key, prefill_value, _ = _inputs(q_len=4, kv_len=4)
+    prefill, _ = varlen_sdpa_attention(
+        module, prefill_query.bfloat16(), prefill_key.bfloat16(), prefill_value.bfloat16(), None
+    )
+    causal = F.scaled_dot_product_attention(prefill_query, prefill_key, prefill_value, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(prefill.float(), causal.transpose(1, 2), atol=3e-2, rtol=0)
 
 
 def test_grouped_masked_attention_in_bf16_follows_fp32_and_stays_finite_on_empty_rows():
