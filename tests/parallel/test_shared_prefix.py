@@ -46,9 +46,12 @@ def test_layout_packs_each_prompt_once_and_drops_each_last_response_token():
     # Row 1's single token and row 3's first are predicted by A's last token too.
     assert layout.predictor[layout.target_rows == 1].tolist() == [2]
     assert layout.predictor[layout.target_rows == 3].tolist() == [2, 5]
-    # Every packed token is a query of exactly one segment.
-    queries = torch.cat([bucket.query_index[bucket.valid] for bucket in layout.buckets])
-    assert sorted(queries.tolist()) == list(range(13))
+    # Every packed token is a query of exactly one segment, and its output row is that query's.
+    queries = torch.cat([bucket.query_index.flatten() for bucket in layout.buckets])
+    valid = torch.cat([bucket.valid.flatten() for bucket in layout.buckets])
+    assert sorted(queries[valid].tolist()) == list(range(13))
+    assert valid[layout.output_index].all()
+    assert queries[layout.output_index].tolist() == list(range(13))
 
 
 @pytest.mark.parametrize(
