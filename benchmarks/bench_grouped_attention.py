@@ -6,8 +6,8 @@ median milliseconds printed with the ratio to ours:
 * **one attention call**, forward + backward, bf16: the shapes of the 3.1M TRL-comparison model (8
   heads, 2 KV heads, head_dim 32). ``bucket``: one shared-prefix bucket of ``--segments`` branches of 15
   queries against 21 keys; ``decode``: one decoding step, 1 query against 23 keys, forward only,
-  under a padding mask and without one (rows of one prompt length). Variants: `grouped_masked_attention` (ours), SDPA as dispatched (its flash kernel on CPU), SDPA's
-  math backend.
+  under a padding mask and without one (rows of one prompt length). Variants:
+  `grouped_masked_attention` (ours), SDPA as dispatched (its flash kernel on CPU), SDPA's math backend.
 * **the model**: `shared_prefix_log_probs` forward + backward of that 3.1M model in bf16 on 32 prompts x
   8 responses of 16 tokens (prompts of 4-6), in micro-batches of 64 rows, with the explicit attention
   (the default for bf16 on CPU) and with every bucket sent to SDPA instead (the path before it).

@@ -100,8 +100,9 @@ class HFRolloutEngine(RolloutEngine):
             cache and the ``[rows, vocab]`` logits held at once.
     """
 
-    # Weights are copied in place and decoding allocates from the heap the update freed; trimming it
-    # at every switch made a 3.1M one-rank step fault 86k pages a second (0.93 s -> 0.82 s without).
+    # Weights are copied in place and decoding allocates from the heap the update freed. Trimming it
+    # at every switch made a 3.1M one-rank bf16 step fault 78-86k pages a second (median step
+    # 1.07-1.17 s with the trims, 0.82-0.85 s without; docs/benchmarks.md).
     trims_host_memory = False
 
     def __init__(
