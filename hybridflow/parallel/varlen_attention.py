@@ -107,13 +107,13 @@ def masked_gqa_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
 ) -> torch.Tensor:
     """SDPA of ``query [batch, heads, q_len, head_dim]`` against fewer ``key/value [batch, kv_heads,
-    kv_len, head_dim]`` heads under ``attention_mask [batch, 1, q_len, kv_len]``; returns ``[batch,
-    q_len, heads, head_dim]``.
+    kv_len, head_dim]`` heads under ``attention_mask [batch, 1, q_len, kv_len]`` (``None``: every query
+    sees every key); returns ``[batch, q_len, heads, head_dim]``.
 
     transformers' ``sdpa`` copies every key/value head ``heads / kv_heads`` times whenever a mask is
     given, because CUDA's fused kernels take grouped heads only without a mask. The CPU kernel takes
@@ -160,8 +160,7 @@ def varlen_sdpa_attention(
             return masked_gqa_attention(query, key, value, attention_mask, dropout, scaling), None
         if attention_mask is None and query.shape[2] == 1 and prefers_explicit_attention(query, dropout):
             # A decoding step of unpadded rows: the CPU flash kernel takes 3-9x longer on one query.
-            out = grouped_masked_attention(query, key, value, None, scaling)
-            return out.transpose(1, 2).contiguous(), None
+            return masked_gqa_attention(query, key, value, None, dropout, scaling), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
