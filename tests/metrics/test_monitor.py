@@ -263,6 +263,66 @@ def test_clip_fraction_stuck_for_many_steps(value, name):
     assert alarm_steps(observe_all(healthy, steps), name) == []
 
 
+def healthy_update_metrics(clip_frac: float) -> dict[str, float]:
+    """What a step's update reports when it trains: a gradient, a learning rate, a loss."""
+    return {"actor/clip_frac": clip_frac, "actor/pg_loss": 0.3, "actor/lr": 1e-4, "actor/grad_norm": 0.8}
+
+
+def test_one_on_policy_optimizer_step_keeps_the_zero_clip_alarm_silent(caplog):
+    # One optimizer step per batch: the ratio is exactly 1, so clip_frac is 0 on every healthy step.
+    monitor = TrainingMonitor(MonitorConfig(), optimizer_steps_per_batch=1)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outputs = observe_all(
+            monitor, ((step, Batch(), healthy_update_metrics(0.0)) for step in range(1, 31))
+        )
+    assert not caplog.records
+    assert all(out[f"monitor/alarm/{name}"] == 0.0 for out in outputs.values() for name in DIAGNOSTICS)
+    assert outputs[30]["monitor/diag/clip_frac_zero_streak"] == 30.0  # still measured, never alarmed
+
+
+@pytest.mark.parametrize("steps_per_batch", [None, 4])
+def test_several_optimizer_steps_with_zero_clip_fraction_alarm(caplog, steps_per_batch):
+    # Several optimizer steps (or a count the runtime did not give): the later mini-batches' ratio
+    # should leave 1, and a clip fraction stuck at 0 says the updates barely move the policy.
+    monitor = TrainingMonitor(MonitorConfig(), optimizer_steps_per_batch=steps_per_batch)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outputs = observe_all(
+            monitor, ((step, Batch(), healthy_update_metrics(0.0)) for step in range(1, 31))
+        )
+    assert alarm_steps(outputs, "clip_frac_zero") == list(range(10, 31))  # default clip_patience 10
+    assert [record.getMessage() for record in caplog.records] == [
+        "step 10: actor/clip_frac has been <= monitor.clip_frac_low=0.0 for 10 steps (now 0): the policy "
+        "ratio never leaves the clip range: the updates barely move the policy (learning rate too small?)"
+    ]
+
+
+@pytest.mark.parametrize("steps_per_batch", [1, 4, None])
+def test_a_learning_rate_of_zero_is_not_learning(caplog, steps_per_batch):
+    # A run at lr 0 computes its gradients and reports them, ratio 1 and clip fraction 0 included; only
+    # the learning rate shows that no optimizer step moves the policy. Steps 4-6 train, step 7 does not.
+    monitor = TrainingMonitor(MonitorConfig(), optimizer_steps_per_batch=steps_per_batch)
+    stopped = [{**healthy_update_metrics(0.0), "actor/lr": 0.0}] * 3
+    trained = [healthy_update_metrics(0.0)] * 3
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outputs = observe_all(
+            monitor,
+            ((step, Batch(), metrics) for step, metrics in enumerate([*stopped, *trained, stopped[0]], 1)),
+        )
+    assert alarm_steps(outputs, "not_learning") == [1, 2, 3, 7]
+    not_learning = [record.getMessage() for record in caplog.records if "actor/lr" in record.getMessage()]
+    assert [message.split(":")[0] for message in not_learning] == ["step 1", "step 7"]
+    assert "actor/lr is 0: this step's optimizer steps left the policy unchanged" in not_learning[0]
+    # A small learning rate is not 0; a step without the metric (no update) says nothing.
+    quiet = TrainingMonitor(MonitorConfig(), optimizer_steps_per_batch=steps_per_batch)
+    assert quiet.observe(1, Batch(), {"actor/lr": 1e-12})["monitor/alarm/not_learning"] == 0.0
+    assert quiet.observe(2, Batch(), {})["monitor/alarm/not_learning"] == 0.0
+
+
+def test_optimizer_steps_per_batch_must_be_positive():
+    with pytest.raises(ValueError, match=r"optimizer_steps_per_batch must be >= 1, got 0"):
+        TrainingMonitor(MonitorConfig(), optimizer_steps_per_batch=0)
+
+
 def test_loss_exactly_zero_warns_once_per_episode(caplog):
     monitor = TrainingMonitor(MonitorConfig(stop_on_alarm=True))  # diagnostics never stop the run
     losses = [0.0, 0.0, 0.0, 1e-9, 0.0]
@@ -315,7 +375,7 @@ def rich_step(step: int) -> tuple[int, Batch, dict[str, float]]:
             "finish_reason": ["stop"] * rows,
         },
     )
-    return step, batch, {"actor/clip_frac": 0.1, "actor/pg_loss": 0.3}
+    return step, batch, {"actor/clip_frac": 0.1, "actor/pg_loss": 0.3, "actor/lr": 1e-4}
 
 
 def test_state_dict_resumes_to_the_same_metrics(tmp_path):

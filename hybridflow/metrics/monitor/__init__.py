@@ -17,11 +17,19 @@ from hybridflow.metrics.monitor.signals import (
     standardized_change,
     window_change,
 )
-from hybridflow.metrics.monitor.training import ALARMS, DIAGNOSTICS, Alarm, TrainingAlarm, TrainingMonitor
+from hybridflow.metrics.monitor.training import (
+    ALARMS,
+    DIAGNOSTICS,
+    LEARNING_RATE_KEY,
+    Alarm,
+    TrainingAlarm,
+    TrainingMonitor,
+)
 
 __all__ = [
     "ALARMS",
     "DIAGNOSTICS",
+    "LEARNING_RATE_KEY",
     "Alarm",
     "MonitorConfig",
     "TrainingAlarm",

@@ -19,6 +19,9 @@ column                  shape                        used by
 ``rollout_log_probs``   ``[batch, response_len]``    entropy estimate when ``entropy_key`` is absent
 ======================  ===========================  ==================================================
 
+Metrics read: ``entropy_key``, ``clip_frac_key`` and ``loss_key`` of the config, and
+:data:`LEARNING_RATE_KEY` (the learning rate of the actor's optimizer steps).
+
 An alarm *fires* on the first step its condition holds (again after a step without it): it is logged
 with ``logging.warning`` naming the number that tripped it, and with ``stop_on_alarm`` a drift or hacking
 alarm raises :class:`TrainingAlarm`, so the loop can save a checkpoint and stop. While the condition
@@ -47,7 +50,7 @@ from hybridflow.metrics.rl import sequence_scores
 from hybridflow.protocol import Batch
 from hybridflow.rewards.registry import resolve_reward_function
 
-__all__ = ["ALARMS", "DIAGNOSTICS", "Alarm", "TrainingAlarm", "TrainingMonitor"]
+__all__ = ["ALARMS", "DIAGNOSTICS", "LEARNING_RATE_KEY", "Alarm", "TrainingAlarm", "TrainingMonitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,14 @@ DIAGNOSTICS = (
     "clip_frac_zero",
     "clip_frac_high",
     "zero_loss",
+    "not_learning",
 )
 """Alarms about the update ("is it training?"): they warn and never stop the run."""
+
+LEARNING_RATE_KEY = "actor/lr"
+"""The metric holding the learning rate of the actor's optimizer steps (mean over the step's optimizer
+steps). The actor's optimizer step reports it under this name whatever the loss, so it is not a key of
+the config, unlike the loss's own metrics."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +109,26 @@ _Record = dict[str, float]
 class TrainingMonitor:
     """Watches a run step by step; see the module docstring for what it reads and how alarms fire.
 
+    ``optimizer_steps_per_batch`` is how many actor optimizer steps each step's batch gets, as the run's
+    derived sizes say (``ppo_epochs`` times the mini-batches per epoch). At 1 the one step updates the
+    policy that sampled (or whose old log-probs were just computed), so the policy ratio is 1 and a zero
+    clip fraction is what a healthy run shows: the ``clip_frac_zero`` alarm stays silent, and
+    ``not_learning`` (a learning rate of 0) is the check that the update can move the policy. ``None``
+    (not known) keeps the ``clip_frac_zero`` alarm on.
+
     State (the drift windows, the last ``trend_window`` steps' signals, clip-fraction streaks, the
     alarms holding) survives a resume through :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
-    def __init__(self, config: MonitorConfig | None = None) -> None:
+    def __init__(
+        self, config: MonitorConfig | None = None, *, optimizer_steps_per_batch: int | None = None
+    ) -> None:
+        if optimizer_steps_per_batch is not None and optimizer_steps_per_batch < 1:
+            raise ValueError(
+                f"TrainingMonitor: optimizer_steps_per_batch must be >= 1, got {optimizer_steps_per_batch}"
+            )
         self.config = config or MonitorConfig()
+        self.optimizer_steps_per_batch = optimizer_steps_per_batch
         self._drift = RewardDriftTracker(self.config.drift_window, self.config.drift_reference)
         self._history: deque[_Record] = deque(maxlen=self.config.trend_window)
         self._streaks = {"clip_frac_zero": 0, "clip_frac_high": 0}
@@ -329,6 +352,7 @@ class TrainingMonitor:
             self._entropy_collapse(rollouts, metrics, out),
             *self._clip_fraction(metrics, out),
             self._zero_loss(metrics),
+            self._not_learning(metrics),
         ]
         return [alarm for alarm in alarms if alarm is not None]
 
@@ -414,15 +438,16 @@ class TrainingMonitor:
         out["monitor/diag/clip_frac_zero_streak"] = float(streaks["clip_frac_zero"])
         out["monitor/diag/clip_frac_high_streak"] = float(streaks["clip_frac_high"])
         patience = config.clip_patience
+        # One optimizer step per batch: the ratio is 1 by construction, so a zero streak says nothing.
+        zero_expected = self.optimizer_steps_per_batch == 1
         alarms = []
-        if patience is not None and streaks["clip_frac_zero"] >= patience:
+        if patience is not None and not zero_expected and streaks["clip_frac_zero"] >= patience:
             alarms.append(
                 Alarm(
                     "clip_frac_zero",
                     f"{key} has been <= monitor.clip_frac_low={config.clip_frac_low} for "
                     f"{streaks['clip_frac_zero']} steps (now {value:.3g}): the policy ratio never leaves "
-                    "the clip range. Expected when each batch gets one on-policy optimizer step; otherwise "
-                    "the updates barely move the policy (learning rate too small?)",
+                    "the clip range: the updates barely move the policy (learning rate too small?)",
                 )
             )
         if patience is not None and streaks["clip_frac_high"] >= patience:
@@ -445,6 +470,15 @@ class TrainingMonitor:
             "zero_loss",
             f"{key} is exactly 0: no token carried a policy-gradient signal this step (every advantage is 0 "
             "or every response is empty)",
+        )
+
+    def _not_learning(self, metrics: Mapping[str, Any]) -> Alarm | None:
+        if LEARNING_RATE_KEY not in metrics or float(metrics[LEARNING_RATE_KEY]) != 0.0:
+            return None
+        return Alarm(
+            "not_learning",
+            f"{LEARNING_RATE_KEY} is 0: this step's optimizer steps left the policy unchanged (actor.lr is 0, "
+            "or a decaying schedule has run past its last step)",
         )
 
     # ------------------------------------------------------------------ checkpoints
