@@ -80,6 +80,7 @@ from hybridflow.algos.masked import (
     masked_sum,
     masked_var,
     masked_whiten,
+    top_fraction_mask,
 )
 from hybridflow.algos.policy_losses import (
     cispo_loss,
@@ -168,4 +169,5 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "token_covariance",
     "token_mean",
+    "top_fraction_mask",
 ]

@@ -6,6 +6,8 @@ Every function here treats ``mask`` as a 0/1 tensor broadcastable to the data; e
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -16,6 +18,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "top_fraction_mask",
 ]
 
 # Log-ratios of two policies beyond +-20 nats (ratio ~5e8) only appear with stale or broken
@@ -81,3 +84,23 @@ def last_valid_token_mask(response_mask: Tensor) -> Tensor:
     last = torch.where(mask, positions, torch.full_like(positions, -1)).argmax(dim=-1)
     one_hot = torch.nn.functional.one_hot(last, num_classes=mask.shape[-1]).bool()
     return one_hot & mask.any(dim=-1, keepdim=True)
+
+
+def top_fraction_mask(values: Tensor, mask: Tensor, fraction: float) -> Tensor:
+    """``[*values.shape]`` bool: the valid entries whose value is among the top ``fraction`` of all valid
+    entries (e.g. the 20% highest-entropy response tokens of a batch, arXiv 2506.01939).
+
+    The threshold is the ``ceil(fraction * n)``-th largest of the ``n`` valid values, found with
+    ``torch.kthvalue``, which has no size limit (``torch.quantile`` refuses more than 2**24 elements);
+    every valid entry at or above it is kept, so ties at the threshold can keep slightly more than the
+    fraction. ``fraction`` 0 keeps nothing, 1 keeps every valid entry.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must lie in [0, 1], got {fraction}")
+    valid = mask.bool().expand_as(values)
+    chosen = values[valid]
+    keep = math.ceil(fraction * chosen.numel())
+    if keep == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.kthvalue(chosen.float(), chosen.numel() - keep + 1).values
+    return valid & (values.float() >= threshold)

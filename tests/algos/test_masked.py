@@ -12,6 +12,7 @@ from hybridflow.algos import (
     masked_mean,
     masked_var,
     masked_whiten,
+    top_fraction_mask,
 )
 
 X = torch.tensor([[1.0, 2.0, math.nan], [3.0, math.inf, 6.0]])
@@ -53,3 +54,25 @@ def test_group_index_two_levels():
     assert n == 3
     assert index[0] == index[2]
     assert len({int(index[0]), int(index[1]), int(index[3])}) == 3
+
+
+def test_top_fraction_mask_by_hand():
+    values = torch.tensor([[0.9, 0.1, 5.0], [0.5, 0.7, 0.3]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # Valid values 0.9, 0.1, 0.5, 0.7, 0.3: the top 40% (2 of 5) are 0.9 and 0.7; 5.0 is padding.
+    expected = torch.tensor([[True, False, False], [False, True, False]])
+    assert torch.equal(top_fraction_mask(values, mask, 0.4), expected)
+    assert not top_fraction_mask(values, mask, 0.0).any()
+    assert torch.equal(top_fraction_mask(values, mask, 1.0), mask.bool())
+    # ceil(0.3 * 5) = 2 entries, the same two.
+    assert torch.equal(top_fraction_mask(values, mask, 0.3), expected)
+
+
+def test_top_fraction_mask_past_quantile_limit():
+    # torch.quantile refuses inputs over 2**24 elements; a batch of 64 x 300k tokens has more.
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(2**24 + 4096, generator=generator)
+    mask = torch.ones_like(values)
+    kept = top_fraction_mask(values, mask, 0.2)
+    assert int(kept.sum()) == math.ceil(0.2 * values.numel())
+    assert values[kept].min() >= values[~kept].max()
