@@ -32,8 +32,9 @@ _EXAMPLES_LOGGED = 3
 
 
 class RewardFunctionFailingError(RuntimeError):
-    """A reward function failed on too many of its rows for too long (``RewardConfig.abort_failure_rate``
-    over ``RewardConfig.abort_window`` calls): training on its fallback scores would learn nothing.
+    """A reward function failed on too many of its rows: on every row of its first call, or on
+    ``RewardConfig.abort_failure_rate`` of its rows over its last ``RewardConfig.abort_window`` calls.
+    Training on its fallback scores would learn nothing.
 
     Attributes:
         function: the function's key (its registered name, ``file.py:function`` or qualified name).
@@ -64,9 +65,18 @@ def _failure_kind(outcome: ScoreOutcome) -> str:
     return f"raised {exception}" if sep and exception.isidentifier() else "failed"
 
 
+# Slack on the failure share, so that 57 of 60 rows counts as 0.95 whatever the float rounding.
+_RATE_SLACK = 1e-9
+
+
 class _FailureWatch:
-    """Per reward function, the failures of its latest ``window`` calls; raises
-    `RewardFunctionFailingError` once their share of the function's rows reaches ``rate``."""
+    """Per reward function, the failures of its calls; raises `RewardFunctionFailingError` when
+
+    - its first call failed on every row (judged on its own, whatever ``window``), or
+    - the failures of its latest ``window`` calls reach ``rate`` of their rows.
+
+    ``rate=None`` switches both off.
+    """
 
     def __init__(self, rate: float | None, window: int) -> None:
         self.rate = rate
@@ -84,26 +94,42 @@ class _FailureWatch:
             examples = {}
             for outcome in failures:
                 examples.setdefault(_failure_kind(outcome), outcome.detail)
+            first = key not in self._calls
             calls = self._calls.setdefault(key, deque(maxlen=self.window))
             calls.append(_CallFailures(len(rows), kinds, examples))
+            if first and len(failures) == len(rows):
+                self._abort(
+                    key, calls, f"in its first call (judged on its own, whatever abort_window={self.window})"
+                )
             self._check(key, calls, self.rate)
 
     def _check(self, key: str, calls: deque[_CallFailures], rate: float) -> None:
         if len(calls) < self.window:
             return
-        kinds: Counter[str] = sum((call.kinds for call in calls), Counter())
-        failed, total = sum(kinds.values()), sum(call.total for call in calls)
-        if failed < rate * total:
+        failed, total = self._counts(calls)
+        if failed < (rate - _RATE_SLACK) * total:
             return
+        self._abort(
+            key,
+            calls,
+            f"over its last {self.window} calls (abort_failure_rate={rate}, abort_window={self.window})",
+        )
+
+    @staticmethod
+    def _counts(calls: deque[_CallFailures]) -> tuple[int, int]:
+        return sum(sum(call.kinds.values()) for call in calls), sum(call.total for call in calls)
+
+    def _abort(self, key: str, calls: deque[_CallFailures], judged: str) -> None:
+        kinds: Counter[str] = sum((call.kinds for call in calls), Counter())
+        failed, total = self._counts(calls)
         most_common, count = kinds.most_common(1)[0]
         example = next(call.examples[most_common] for call in calls if most_common in call.examples)
         raise RewardFunctionFailingError(
             key,
             most_common,
-            f"reward function {key!r} failed on {failed} of {total} rows over its last {self.window} calls "
-            f"(abort_failure_rate={rate}, abort_window={self.window}); most common failure ({count} rows): "
-            f"{most_common}, e.g. {example!r}. Fix the function, or raise abort_failure_rate (None never "
-            "stops) to train on the fallback score anyway",
+            f"reward function {key!r} failed on {failed} of {total} rows {judged}; most common failure "
+            f"({count} rows): {most_common}, e.g. {example!r}. Fix the function, or set "
+            "abort_failure_rate to None (never stops) to train on the fallback score anyway",
         )
 
 
@@ -127,10 +153,13 @@ class RewardManager:
       has no token to sit on), score statistics and ``reward/time_s``.
 
     A failing sample never stops the call; each failure is counted and the first few are logged with
-    their row and error. A function that keeps failing stops the run: when its failed rows over its
-    last ``config.abort_window`` calls reach ``config.abort_failure_rate`` of its rows (by default:
-    every row, three calls in a row), the call raises `RewardFunctionFailingError` naming the function
-    and its most common failure. The worker pool starts on the first call and lives until :meth:`close` (or
+    their row and error. A function that keeps failing stops the run: the call raises
+    `RewardFunctionFailingError`, naming the function and its most common failure, when the function
+    failed on every row of its first call, or when its failed rows over its last
+    ``config.abort_window`` calls reach ``config.abort_failure_rate`` of its rows. A function whose
+    first results in a call all time out is not run on the rest of that call (see
+    :data:`~hybridflow.rewards.pool.HANG_ROWS`), so a hanging function costs seconds, not
+    ``rows * timeout_s``. The worker pool starts on the first call and lives until :meth:`close` (or
     garbage collection); use the manager as a context manager to close it.
 
     Every reward function is resolved here, in the calling process, so a missing file, unknown name or

@@ -17,6 +17,12 @@ How work moves (the choice, and why):
   SIGKILL, reports that sample as timed out, starts a fresh worker and hands it the rest of the chunk.
   A worker that dies (segfault, ``os._exit``) costs only the sample it was running, reported as an
   error.
+- **A hanging function is judged by its first rows.** When the first ``hang_rows`` results of a
+  function in one call are all timeouts, its other rows of the call are not run: they are reported as
+  timed out at once, and the workers busy with them are replaced. A function that hangs on every row
+  so costs about ``ceil(hang_rows / num_workers) * (timeout_s + kill_grace_s)`` per call instead of
+  ``rows * timeout_s / num_workers``. One result that is not a timeout first (a score, an error)
+  clears the function for the rest of the call.
 - **Setup outside the timer.** A reward function may carry a ``prepare`` attribute, a callable without
   arguments that each worker runs once before reporting ready (``math_verify`` uses it to import
   sympy, which can take seconds on a loaded machine and would otherwise eat the first sample's time).
@@ -39,19 +45,23 @@ import os
 import signal
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from hybridflow.rewards.registry import resolve_reward_function
 
-__all__ = ["STATUSES", "ScoreOutcome", "ScoreTask", "ScoringPool"]
+__all__ = ["HANG_ROWS", "STATUSES", "ScoreOutcome", "ScoreTask", "ScoringPool"]
 
 logger = logging.getLogger(__name__)
 
 STATUSES = ("ok", "error", "timeout", "bad_type")
+
+HANG_ROWS = 3
+"""A function whose first this many results in a call are all timeouts is taken as hanging for the
+rest of the call (its other rows are reported as timed out without being run)."""
 
 # (position in the call, function key, data_source, solution_str, ground_truth, extra_info)
 _Payload = tuple[int, str, str, str, Any, Any]
@@ -87,7 +97,27 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:500]
+    try:
+        text = str(error)
+    except Exception:
+        # An exception whose __str__ itself fails must not take the worker down with it.
+        text = "<message cannot be printed>"
+    return f"{type(error).__name__}: {text}"[:500]
+
+
+def _judge_value(value: Any) -> tuple[str, float | None, str]:
+    """``("ok", score, "")`` for a finite real number (``bool`` and numpy numbers included), else
+    ``("bad_type", None, why)``: None, text, NaN, inf, an int too large for a float, a tensor, a list,
+    an object whose ``__float__`` fails."""
+    if not isinstance(value, numbers.Real):
+        return "bad_type", None, f"returned {type(value).__name__}, not a finite real number"
+    try:
+        score = float(value)
+    except Exception as error:
+        return "bad_type", None, f"returned {type(value).__name__} that float() refuses ({_describe(error)})"
+    if not math.isfinite(score):
+        return "bad_type", None, f"returned {type(value).__name__} {score}, not a finite real number"
+    return "ok", score, ""
 
 
 def _score_one(fn: Callable[..., Any], payload: _Payload, timeout_s: float) -> tuple[str, float | None, str]:
@@ -103,16 +133,14 @@ def _score_one(fn: Callable[..., Any], payload: _Payload, timeout_s: float) -> t
                 ground_truth=ground_truth,
                 extra_info=extra_info,
             )
+            # Inside the timer: the value's own __float__ is the function's code too.
+            return _judge_value(value)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _SampleTimeout:
         return "timeout", None, f"no result within {timeout_s} s"
     except (Exception, SystemExit) as error:
         return "error", None, _describe(error)
-    if isinstance(value, numbers.Real) and math.isfinite(value):
-        return "ok", float(value), ""
-    shown = f" {value}" if isinstance(value, float) else ""
-    return "bad_type", None, f"returned {type(value).__name__}{shown}, not a finite real number"
 
 
 def _worker_main(conn: Connection, functions: Mapping[str, Any], timeout_s: float) -> None:
@@ -226,27 +254,30 @@ class ScoringPool:
         only when a worker cannot start at all."""
         if self.closed:
             raise RuntimeError("the scoring pool is closed")
-        outcomes: list[ScoreOutcome | None] = [None] * len(tasks)
         payloads = [
             (i, t.fn_key, t.data_source, t.solution_str, t.ground_truth, t.extra_info)
             for i, t in enumerate(tasks)
         ]
         size = max(1, math.ceil(len(payloads) / (4 * len(self._workers))))
-        queue = deque(payloads[start : start + size] for start in range(0, len(payloads), size))
+        call = _Call(
+            [None] * len(tasks),
+            deque(payloads[start : start + size] for start in range(0, len(payloads), size)),
+        )
         left = len(payloads)
         try:
             while left:
-                self._assign(queue)
+                self._assign(call.queue)
                 wait(self._waitables(), timeout=self._seconds_to_next_deadline())
                 for slot in range(len(self._workers)):
-                    left -= self._collect(slot, outcomes, queue)
-                left -= self._enforce_deadlines(outcomes, queue)
+                    left -= self._collect(slot, call)
+                left -= self._enforce_deadlines(call)
+                left -= self._stop_hanging_functions(tasks, call)
         except BaseException:
             # Interrupted (Ctrl-C, a startup failure): the workers may still owe results of this call,
             # which a later call would take for its own. Only fresh workers are safe.
             self.close()
             raise
-        return outcomes  # type: ignore[return-value]
+        return call.outcomes  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ event loop steps
 
@@ -272,7 +303,7 @@ class ScoringPool:
         deadlines += [w.started + self.start_timeout_s for w in self._workers if not w.ready]
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else self.kill_after_s
 
-    def _collect(self, slot: int, outcomes: list[ScoreOutcome | None], queue: deque[list[_Payload]]) -> int:
+    def _collect(self, slot: int, call: _Call) -> int:
         """Read every message worker ``slot`` has sent; replace it if it died. Returns samples finished."""
         worker = self._workers[slot]
         done = 0
@@ -288,7 +319,7 @@ class ScoringPool:
                     expected = worker.pending.popleft()[0]
                     if position != expected:
                         raise RuntimeError(f"reward worker answered sample {position}, expected {expected}")
-                    outcomes[position] = ScoreOutcome(status, score, detail)
+                    call.finish(position, ScoreOutcome(status, score, detail))
                     done += 1
                     worker.deadline = time.monotonic() + self.kill_after_s if worker.pending else None
         except (EOFError, OSError):
@@ -298,11 +329,9 @@ class ScoringPool:
         exitcode = worker.process.exitcode
         if not worker.ready:
             raise RuntimeError(f"a reward worker exited with code {exitcode} before it was ready")
-        return done + self._replace(
-            slot, outcomes, queue, "error", f"worker process died (exit code {exitcode})"
-        )
+        return done + self._replace(slot, call, "error", f"worker process died (exit code {exitcode})")
 
-    def _enforce_deadlines(self, outcomes: list[ScoreOutcome | None], queue: deque[list[_Payload]]) -> int:
+    def _enforce_deadlines(self, call: _Call) -> int:
         now = time.monotonic()
         done = 0
         for slot, worker in enumerate(self._workers):
@@ -310,35 +339,106 @@ class ScoringPool:
                 raise RuntimeError(f"a reward worker did not start within {self.start_timeout_s} s")
             if worker.deadline is not None and now >= worker.deadline:
                 detail = f"worker killed: no result within {self.kill_after_s:g} s"
-                done += self._replace(slot, outcomes, queue, "timeout", detail)
+                done += self._replace(slot, call, "timeout", detail)
         return done
 
-    def _replace(
-        self,
-        slot: int,
-        outcomes: list[ScoreOutcome | None],
-        queue: deque[list[_Payload]],
-        status: str,
-        detail: str,
-    ) -> int:
+    def _replace(self, slot: int, call: _Call, status: str, detail: str) -> int:
         """Kill worker ``slot`` and start a new one. The sample it was running gets ``status``; the rest
         of its chunk goes back to the front of the queue. Returns the number of samples finished (0 or 1)."""
         worker = self._workers[slot]
-        worker.stop(kill=True)
-        done = 0
-        if worker.pending:
-            running = worker.pending.popleft()
-            outcomes[running[0]] = ScoreOutcome(status, None, detail)
-            done = 1
-            logger.warning(
-                "reward worker pid %s replaced: %s (sample %d, data_source %r)",
-                worker.process.pid,
-                detail,
-                running[0],
-                running[2],
-            )
-            if worker.pending:
-                queue.appendleft(list(worker.pending))
+        pending = list(worker.pending)
+        self._restart(slot)
+        if not pending:
+            return 0
+        running, rest = pending[0], pending[1:]
+        call.finish(running[0], ScoreOutcome(status, None, detail))
+        logger.warning(
+            "reward worker pid %s replaced: %s (sample %d, data_source %r)",
+            worker.process.pid,
+            detail,
+            running[0],
+            running[2],
+        )
+        if rest:
+            call.queue.appendleft(rest)
+        return 1
+
+    def _restart(self, slot: int) -> None:
+        self._workers[slot].stop(kill=True)
         self._workers[slot] = _Worker(self._ctx, self._functions, self.timeout_s)
         self.restarts += 1
+
+    def _stop_hanging_functions(self, tasks: Sequence[ScoreTask], call: _Call) -> int:
+        """Judge the results that came in since the last look; for each function whose first
+        `HANG_ROWS` results of the call all timed out, report its other rows as timed out without
+        running them. Returns the number of samples finished."""
+        done = 0
+        for position in call.take_finished():
+            key = tasks[position].fn_key
+            if key in call.judged:
+                continue
+            if call.outcomes[position].status != "timeout":  # type: ignore[union-attr]
+                call.judged.add(key)
+                continue
+            call.leading_timeouts[key] += 1
+            if call.leading_timeouts[key] >= HANG_ROWS:
+                call.judged.add(key)
+                done += self._drop_rows_of(key, call)
         return done
+
+    def _drop_rows_of(self, key: str, call: _Call) -> int:
+        """Report every unfinished row of function ``key`` as timed out; replace the workers holding
+        any (their rows of other functions go back to the queue). Returns the rows dropped."""
+        dropped: list[_Payload] = []
+        for slot, worker in enumerate(self._workers):
+            if any(payload[1] == key for payload in worker.pending):
+                pending = list(worker.pending)
+                self._restart(slot)
+                dropped += [payload for payload in pending if payload[1] == key]
+                others = [payload for payload in pending if payload[1] != key]
+                if others:
+                    call.queue.appendleft(others)
+        chunks = [[payload for payload in chunk if payload[1] != key] for chunk in call.queue]
+        dropped += [payload for chunk in call.queue for payload in chunk if payload[1] == key]
+        call.queue.clear()
+        call.queue.extend(chunk for chunk in chunks if chunk)
+        detail = f"not run: the function's first {HANG_ROWS} results of this call were timeouts"
+        for payload in dropped:
+            call.outcomes[payload[0]] = ScoreOutcome("timeout", None, detail)
+        if dropped:
+            logger.warning(
+                "reward function %r timed out on its first %d rows of this call; its other %d rows are "
+                "reported as timed out without running",
+                key,
+                HANG_ROWS,
+                len(dropped),
+            )
+        return len(dropped)
+
+
+@dataclass
+class _Call:
+    """The state of one `ScoringPool.score` call.
+
+    Attributes:
+        outcomes: one slot per task, filled as results come in.
+        queue: chunks not yet sent to a worker.
+        finished: positions finished since the hang judgement last looked.
+        leading_timeouts: per function key, its timeouts so far, while no other result came first.
+        judged: function keys settled for this call (a result other than a timeout came first, or
+            they were taken as hanging).
+    """
+
+    outcomes: list[ScoreOutcome | None]
+    queue: deque[list[_Payload]]
+    finished: list[int] = field(default_factory=list)
+    leading_timeouts: Counter[str] = field(default_factory=Counter)
+    judged: set[str] = field(default_factory=set)
+
+    def finish(self, position: int, outcome: ScoreOutcome) -> None:
+        self.outcomes[position] = outcome
+        self.finished.append(position)
+
+    def take_finished(self) -> list[int]:
+        taken, self.finished = self.finished, []
+        return taken

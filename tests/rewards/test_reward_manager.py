@@ -35,6 +35,8 @@ def manager():
         kill_grace_s=1.0,
         fallback_score=FALLBACK,
         default_fn=FNS + "echo_ground_truth",
+        # These tests are about single failing samples; the run-stopping rule has tests of its own.
+        abort_failure_rate=None,
         fn_by_source={
             "raises": FNS + "raising",
             "hangs": FNS + "hanging",
@@ -69,7 +71,10 @@ def test_failing_samples_get_the_fallback_and_are_counted(manager):
 
 
 def test_worker_stuck_past_the_alarm_is_killed_and_replaced(manager):
+    # The workers exist before the call, whichever tests ran before (or none).
+    manager.start()
     before = manager.worker_pids
+    assert len(before) == 2
     out = manager(make_batch(["good", "deaf", "good", "good"], ["1", "1", "3", "4"]))
     assert out["scores"].tolist() == [1.0, FALLBACK, 3.0, 4.0]
     assert list(out["reward_status"]) == ["ok", "timeout", "ok", "ok"]
