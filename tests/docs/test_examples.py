@@ -162,3 +162,10 @@ def test_worker_method_signature_is_documented(module: str, cls: str, method: st
     assert hasattr(owner, method), f"docs/workers.md lists {cls}.{method}, which does not exist"
     actual = actual_parameters(getattr(owner, method))
     assert params == actual, f"docs/workers.md shows {cls}.{method}({params}); the code has ({actual})"
+
+
+def test_every_recipe_is_listed() -> None:
+    recipes = sorted(p.parent.name for p in REPO.glob("recipes/*/main.py"))
+    table = (REPO / "docs" / "recipes.md").read_text()
+    unlisted = [name for name in recipes if f"(../recipes/{name}/README.md)" not in table and name != "hello_colocated"]
+    assert not unlisted, f"docs/recipes.md's table lacks {unlisted}"
