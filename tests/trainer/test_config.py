@@ -318,7 +318,7 @@ def test_an_unknown_estimator_is_reported_once_not_as_a_group_size(data_files):
 
 def test_dual_clip_is_refused_for_a_loss_without_it(data_files):
     (problem,) = problems_of(PPO, [*data_files, "actor.policy_loss=gspo"])
-    assert problem == "actor.dual_clip_c: policy loss 'gspo' takes no dual clip; set it to null"
+    assert problem == "actor.dual_clip_c: policy loss 'gspo' takes no dual_clip_c; set it to null"
 
 
 def test_dynamic_batching_budget_must_hold_one_sequence(data_files):
@@ -464,11 +464,10 @@ def test_derive_sizes_refuses_an_unchecked_config(data_files):
 def test_algorithm_params_follow_the_chosen_function(data_files):
     config = load_config(GRPO, data_files)
     assert config.algorithm.advantage_params() == {"norm_by_std": True}
-    assert config.actor.policy_loss_params() == {
-        "clip_eps_low": 0.2,
-        "clip_eps_high": 0.2,
-        "dual_clip_c": None,
-    }
+    # The shipped file leaves the clip to ppo_clip's own 0.2: nothing is passed.
+    assert config.actor.policy_loss_params() == {}
+    clipped = load_config(GRPO, [*data_files, "actor.clip_eps_high=0.28"])
+    assert clipped.actor.policy_loss_params() == {"clip_eps_high": 0.28}
     reinforce = load_config(GRPO, [*data_files, "actor.policy_loss=reinforce"])
     assert reinforce.actor.policy_loss_params() == {}
 

@@ -27,9 +27,9 @@ from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, Rewar
 from trainer.config.sizes import check_sizes, unknown_pool
 
 __all__ = ["check_rules"]
-"""Advantage estimators whose baseline is the other samples of the same prompt: with one sample per
-prompt (``rollout.n`` 1) every group has a single member and every advantage is 0."""
 
+# Estimators that read a per-token ``kl`` column when their ``kl_coef`` is not 0.
+_KL_COLUMN_ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline")
 # A rule on the sequence length stays quiet when one of these was rejected: their defaults stand in.
 _LENGTH_KEYS = ("data.max_prompt_length", "data.max_response_length")
 # A Hugging Face hub repository name: "name" or "org/name", of letters, digits, "-", "_" and ".".
@@ -78,15 +78,24 @@ def _check_names(config: RunConfig, problems: Problems) -> None:
         )
 
 
+def _keyword_names(fn: Any, positional: int) -> list[str] | None:
+    """The keyword parameters of ``fn`` after its ``positional`` data arguments; None when it takes
+    ``**kwargs`` (any name)."""
+    parameters = list(inspect.signature(fn).parameters.values())[positional:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+
+
 def _check_keywords(
     fn: Any, name: str, kwargs: Any, key: str, positional: int, reserved: set[str], problems: Problems
 ) -> None:
     """Every entry of ``kwargs`` must be a keyword parameter of ``fn`` (registered as ``name``) after its
     ``positional`` data arguments and outside ``reserved``, unless ``fn`` takes ``**kwargs``."""
-    parameters = list(inspect.signature(fn).parameters.values())[positional:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    taken = _keyword_names(fn, positional)
+    if taken is None:
         return
-    names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name not in reserved]
+    names = [name for name in taken if name not in reserved]
     for given in kwargs:
         if given not in names:
             close = difflib.get_close_matches(given, names, n=1)
@@ -118,15 +127,28 @@ def _check_algorithm(config: RunConfig, problems: Problems) -> None:
             "algorithm.kl_ctrl.kl_coef",
             "must be > 0 for the adaptive controller (it scales the coefficient multiplicatively)",
         )
-    if (
-        actor.dual_clip_c is not None
-        and actor.policy_loss in POLICY_LOSSES
-        and "dual_clip_c" not in actor.policy_loss_params()
-    ):
+    if actor.policy_loss in POLICY_LOSSES:
+        taken = _keyword_names(POLICY_LOSSES.get(actor.policy_loss), 4)
+        for name in ("clip_eps_low", "clip_eps_high", "dual_clip_c"):
+            if getattr(actor, name) is not None and taken is not None and name not in taken:
+                problems.add(
+                    f"actor.{name}",
+                    f"policy loss {actor.policy_loss!r} takes no {name}; set it to null",
+                    "actor.policy_loss",
+                )
+    estimator = algorithm.adv_estimator
+    if estimator == "remax":
         problems.add(
-            "actor.dual_clip_c",
-            f"policy loss {actor.policy_loss!r} takes no dual clip; set it to null",
-            "actor.policy_loss",
+            "algorithm.adv_estimator",
+            "'remax' needs each prompt's greedy-response score (the batch column baseline_scores), and no "
+            "step generates that greedy baseline yet; use grpo, rloo or reinforce_pp_baseline",
+        )
+    if estimator in _KL_COLUMN_ESTIMATORS and algorithm.estimator_kwargs.get("kl_coef", 0.0) != 0.0:
+        problems.add(
+            "algorithm.estimator_kwargs.kl_coef",
+            f"{estimator!r} with a kl_coef reads a per-token kl column, and no step makes one; put the KL in "
+            "the reward with algorithm.use_kl_in_reward (and algorithm.kl_ctrl.kl_coef) instead",
+            "algorithm.adv_estimator",
         )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal
 
-from hybridflow.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from hybridflow.algos import ADVANTAGE_ESTIMATORS
 from hybridflow.metrics.monitor import MonitorConfig
 from hybridflow.resharding.manager import ReshardingConfig as _Resharding
 from hybridflow.rewards.config import RewardConfig as _RewardManager
@@ -202,7 +202,9 @@ class ActorConfig(OptimizedRoleConfig):
     """The policy update. Names are checked against the ``hybridflow.algos`` registries.
 
     ``clip_eps_low``/``clip_eps_high`` bound the ratio to ``[1 - low, 1 + high]``; ``dual_clip_c``
-    (> 1, null = off) caps the loss of negative-advantage tokens. ``kl_estimator`` and ``kl_loss_coef``
+    (> 1) caps the loss of negative-advantage tokens. Null leaves each at the chosen loss's own default
+    (``ppo_clip`` 0.2, ``gspo`` 3e-4/4e-4, ``gmpo`` 0.4, ...; docs/algorithms.md); a value is passed
+    only to a loss that takes it. ``kl_estimator`` and ``kl_loss_coef``
     apply when ``use_kl_loss`` is true. ``policy_loss_kwargs`` passes any other keyword argument of the
     chosen policy loss (e.g. ``tau_neg`` of ``sapo``), and overrides the three clip keys for it.
     ``skip_zero_advantage_rows`` leaves rows with zero advantage at every token out of the update
@@ -216,8 +218,8 @@ class ActorConfig(OptimizedRoleConfig):
     param_offload: bool = _from(_Resharding, "offload_params")
     optimizer_offload: bool = _from(_Resharding, "offload_optimizer")
     policy_loss: str = _from(_Actor, "policy_loss")
-    clip_eps_low: float = _field(0.2, ge=0)
-    clip_eps_high: float = _field(0.2, ge=0)
+    clip_eps_low: float | None = _field(None, ge=0)
+    clip_eps_high: float | None = _field(None, ge=0)
     dual_clip_c: float | None = _field(None, gt=1)
     loss_agg_mode: str = _from(_Actor, "loss_agg_mode")
     entropy_coef: float = _from(_Actor, "entropy_coef", ge=0)
@@ -230,15 +232,15 @@ class ActorConfig(OptimizedRoleConfig):
     rollout_correction_cap: float = _field(2.0, gt=0)
 
     def policy_loss_params(self) -> dict[str, Any]:
-        """The clip settings that the chosen policy loss accepts, then ``policy_loss_kwargs``, as its
-        keyword arguments."""
-        offered = {
+        """The clip settings this config sets (not null), then ``policy_loss_kwargs``, as the policy
+        loss's keyword arguments: every one left out keeps the loss's own default. The rules refuse a
+        set clip key that the chosen loss does not take."""
+        given = {
             "clip_eps_low": self.clip_eps_low,
             "clip_eps_high": self.clip_eps_high,
             "dual_clip_c": self.dual_clip_c,
         }
-        accepted = _accepted_params(POLICY_LOSSES.get(self.policy_loss), offered, skip_positional=4)
-        return {**accepted, **self.policy_loss_kwargs}
+        return {**{key: value for key, value in given.items() if value is not None}, **self.policy_loss_kwargs}
 
 
 @dataclass(frozen=True)
