@@ -105,10 +105,14 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:500]
 
 
+# The largest finite float32: scores travel as float32 tensors, where anything larger would be inf.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _judge_value(value: Any) -> tuple[str, float | None, str]:
-    """``("ok", score, "")`` for a finite real number (``bool`` and numpy numbers included), else
-    ``("bad_type", None, why)``: None, text, NaN, inf, an int too large for a float, a tensor, a list,
-    an object whose ``__float__`` fails."""
+    """``("ok", score, "")`` for a finite real number within float32's range (``bool`` and numpy
+    numbers included), else ``("bad_type", None, why)``: None, text, NaN, inf, a number past float32's
+    range, a tensor, a list, an object whose ``__float__`` fails."""
     if not isinstance(value, numbers.Real):
         return "bad_type", None, f"returned {type(value).__name__}, not a finite real number"
     try:
@@ -117,6 +121,12 @@ def _judge_value(value: Any) -> tuple[str, float | None, str]:
         return "bad_type", None, f"returned {type(value).__name__} that float() refuses ({_describe(error)})"
     if not math.isfinite(score):
         return "bad_type", None, f"returned {type(value).__name__} {score}, not a finite real number"
+    if abs(score) > _FLOAT32_MAX:
+        return (
+            "bad_type",
+            None,
+            f"returned {type(value).__name__} {score:g}, past the float32 range of scores",
+        )
     return "ok", score, ""
 
 

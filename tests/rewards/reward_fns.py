@@ -1,8 +1,14 @@
 """Reward functions that misbehave on purpose, loaded by the RewardManager tests as 'reward_fns.py:name'."""
 
+import decimal
+import fractions
+import json
+import numbers
 import os
 import signal
 import time
+
+import numpy as np
 
 
 def echo_ground_truth(data_source, solution_str, ground_truth, extra_info=None):
@@ -46,3 +52,61 @@ def hanging_unless_number(data_source, solution_str, ground_truth, extra_info=No
     except ValueError:
         time.sleep(60)
         return 1.0
+
+
+class _RealWithBadFloat:
+    """Claims to be a real number (registered below) but ``float()`` of it fails or is not finite."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def __float__(self):
+        if self.outcome == "raise":
+            raise ValueError("no float for you")
+        return self.outcome
+
+
+numbers.Real.register(_RealWithBadFloat)
+
+
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("cannot print this error")
+
+
+def returns_built_value(data_source, solution_str, ground_truth, extra_info=None):
+    """Returns the value that ``ground_truth``, a JSON ``[kind, parameter]``, describes: the fuzz test's
+    way to make a worker return anything at all."""
+    kind, parameter = json.loads(ground_truth)
+    if kind == "raise":
+        raise ValueError(parameter)
+    if kind == "raise_unprintable":
+        raise _UnprintableError
+    builders = {
+        "none": lambda p: None,
+        "text": str,
+        "float": float,
+        "int": int,
+        "bool": bool,
+        "np_float32": np.float32,
+        "np_int64": np.int64,
+        "ndarray": lambda p: np.array([p]),
+        "list": lambda p: [p],
+        "dict": lambda p: {"score": p},
+        "fraction": lambda p: fractions.Fraction(*p),
+        "decimal": lambda p: decimal.Decimal(repr(p)),
+        "complex": lambda p: complex(p, 1.0),
+        "real_bad_float": _RealWithBadFloat,
+    }
+    if kind == "tensor":
+        import torch  # imported already by prepare, outside the sample's timer
+
+        return torch.tensor(parameter)
+    return builders[kind](parameter)
+
+
+def _import_torch():
+    import torch  # noqa: F401  (seconds of import, once per worker, before it reports ready)
+
+
+returns_built_value.prepare = _import_torch

@@ -169,9 +169,9 @@ def test_only_the_failing_function_is_named():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"abort_failure_rate": 0.0}, "abort_failure_rate must be in \\(0, 1\\] or None, got 0.0"),
-        ({"abort_failure_rate": 1.5}, "abort_failure_rate must be in \\(0, 1\\] or None, got 1.5"),
-        ({"abort_window": 0}, "abort_window must be an int >= 1, got 0"),
+        ({"abort_failure_rate": 0.0}, r"\.abort_failure_rate\b.*got 0\.0"),
+        ({"abort_failure_rate": 1.5}, r"\.abort_failure_rate\b.*got 1\.5"),
+        ({"abort_window": 0}, r"\.abort_window\b.*got 0"),
     ],
 )
 def test_bad_settings_are_named(settings, message):
