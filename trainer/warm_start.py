@@ -36,7 +36,17 @@ from hybridflow.models.io import load_causal_lm, save_model_dir
 from trainer.config import RunConfig
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 
-__all__ = ["WarmStartConfig", "WarmStartResult", "greedy_accuracy", "warm_start", "warm_started_model"]
+__all__ = [
+    "WarmStartConfig",
+    "WarmStartResult",
+    "cache_miss_reason",
+    "file_digest",
+    "greedy_accuracy",
+    "warm_start",
+    "warm_start_cache_key",
+    "warm_start_folder",
+    "warm_started_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +207,46 @@ def _train(
     return WarmStartResult(curve[-1][1], time.monotonic() - start, config.steps, tuple(curve))
 
 
-def _file_digest(paths: Sequence[str]) -> str:
+def file_digest(paths: Sequence[str]) -> str:
+    """SHA-256 (hex) of the files' bytes, in order: the data part of `warm_start_cache_key`."""
     digest = hashlib.sha256()
     for path in paths:
         digest.update(Path(path).read_bytes())
     return digest.hexdigest()
+
+
+def warm_start_cache_key(run_config: RunConfig, config: WarmStartConfig = WarmStartConfig()) -> dict[str, object]:
+    """What determines `warm_started_model`'s checkpoint, by part: ``tiny`` (the tiny model's spec, as
+    JSON), ``tokenizer``, ``warm_start`` (``config`` less ``eval_every``, which changes nothing trained),
+    and ``train`` and ``val`` (`file_digest` of ``data.train_files`` and ``data.val_files``). Equal keys
+    give the same checkpoint; `warm_start_folder` names its folder."""
+    data = run_config.data
+    return {
+        "tiny": json.dumps(asdict(run_config.model.tiny), sort_keys=True),
+        "tokenizer": run_config.model.tokenizer,
+        "warm_start": {key: value for key, value in asdict(config).items() if key != "eval_every"},
+        "train": file_digest(data.train_files),
+        "val": file_digest(data.val_files),
+    }
+
+
+def warm_start_folder(cache_dir: Path, key: dict[str, object]) -> Path:
+    """``cache_dir/warm_start-<the first 12 hex digits of the key's SHA-256>``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir / f"warm_start-{digest}"
+
+
+def cache_miss_reason(cache_dir: Path, key: dict[str, object]) -> str:
+    """Why ``cache_dir`` holds no finished warm start for ``key``: no finished one at all, an interrupted
+    one of this key, or the parts of the key in which the closest finished one differs."""
+    folder = warm_start_folder(cache_dir, key)
+    if folder.exists():
+        return f"{folder} was not finished (no {RECORD_FILE})"
+    cached = [json.loads(path.read_text())["key"] for path in sorted(cache_dir.glob(f"warm_start-*/{RECORD_FILE}"))]
+    if not cached:
+        return f"no finished warm start in {cache_dir}"
+    differing = min(([part for part in key if other.get(part) != key[part]] for other in cached), key=len)
+    return f"the closest of {len(cached)} cached warm starts in {cache_dir} differs in {', '.join(differing)}"
 
 
 def warm_started_model(
@@ -211,9 +256,10 @@ def warm_started_model(
 
     Starts from ``run_config``'s tiny model (``model.tiny`` with ``model.tokenizer``, built afresh),
     trains on ``data.train_files`` and measures on ``data.val_files``. The checkpoint lives in
-    ``cache_dir/warm_start-<key>``, where the key hashes the tiny model's spec and tokenizer, ``config``
-    (less ``eval_every``) and the data files' bytes; a folder counts only once its record file is
-    written, so an interrupted run trains again.
+    ``cache_dir/warm_start-<key>`` (`warm_start_cache_key`, `warm_start_folder`): the key hashes the tiny
+    model's spec and tokenizer, ``config`` (less ``eval_every``) and the data files' bytes. A folder
+    counts only once its record file is written, so an interrupted run trains again. A miss logs a
+    warning saying why (`cache_miss_reason`).
 
     Returns:
         the checkpoint folder (an HF model directory with the tokenizer, for ``model.path``) and its
@@ -226,21 +272,12 @@ def warm_started_model(
     data = run_config.data
     if not data.val_files:
         raise ValueError("warm_started_model measures held-out accuracy on data.val_files, which is empty")
-    training = {key: value for key, value in asdict(config).items() if key != "eval_every"}
-    key_source = json.dumps(
-        {
-            "tiny": json.dumps(asdict(run_config.model.tiny), sort_keys=True),
-            "tokenizer": run_config.model.tokenizer,
-            "warm_start": training,
-            "train": _file_digest(data.train_files),
-            "val": _file_digest(data.val_files),
-        },
-        sort_keys=True,
-    )
-    target = cache_dir / f"warm_start-{hashlib.sha256(key_source.encode()).hexdigest()[:12]}"
+    key = warm_start_cache_key(run_config, config)
+    target = warm_start_folder(cache_dir, key)
     record = target / RECORD_FILE
     if record.exists():
         return target, json.loads(record.read_text())["accuracy"]
+    log.warning("training a warm start into %s: %s", target, cache_miss_reason(cache_dir, key))
     train = [row for path in data.train_files for row in read_rows(path)]
     held_out = [row for path in data.val_files for row in read_rows(path)]
     # The random start is only an input: built in a scratch folder, so runs of other seeds sharing the
@@ -249,5 +286,5 @@ def warm_started_model(
         initial = prepare_model_dir(run_config, Path(scratch))
         tokenizer = load_tokenizer(run_config, initial)
         result = warm_start(initial, tokenizer, train, held_out, target, config)
-    record.write_text(json.dumps({"key": json.loads(key_source), **asdict(result)}, indent=1))
+    record.write_text(json.dumps({"key": key, **asdict(result)}, indent=1))
     return target, result.accuracy

@@ -4,6 +4,7 @@ checkpoint. Single process, tiny models, a few seconds."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,16 @@ from hybridflow.models.io import load_causal_lm
 from tests.trainer._runs import write_task
 from trainer.config import RunConfig, load_config
 from trainer.model_setup import load_tokenizer, prepare_model_dir
-from trainer.warm_start import WarmStartConfig, greedy_accuracy, warm_start, warm_started_model
+from trainer.warm_start import (
+    RECORD_FILE,
+    WarmStartConfig,
+    cache_miss_reason,
+    greedy_accuracy,
+    warm_start,
+    warm_start_cache_key,
+    warm_start_folder,
+    warm_started_model,
+)
 
 TINY = [
     "model.tiny.hidden_size=32",
@@ -65,9 +75,12 @@ def test_same_seed_same_weights_other_seed_other_weights(arithmetic, tmp_path):
     assert not all(torch.equal(a[name], initial[name]) for name in a)
 
 
-def test_the_cache_trains_once_per_set_up(arithmetic, tmp_path):
+def test_the_cache_trains_once_per_set_up(arithmetic, tmp_path, caplog):
     config = tiny_config(arithmetic)
-    path, accuracy = warm_started_model(config, tmp_path, FEW)
+    with caplog.at_level(logging.WARNING, logger="trainer.warm_start"):
+        path, accuracy = warm_started_model(config, tmp_path, FEW)
+    assert f"no finished warm start in {tmp_path}" in caplog.text
+    assert path == warm_start_folder(tmp_path, warm_start_cache_key(config, FEW))
     written = (path / "model.safetensors").stat().st_mtime_ns
     # The reported accuracy is the saved model's greedy accuracy on the held-out split.
     held_out = read_rows(arithmetic / "test.parquet")
@@ -76,10 +89,19 @@ def test_the_cache_trains_once_per_set_up(arithmetic, tmp_path):
     assert (path / "model.safetensors").stat().st_mtime_ns == written
     # Measuring more often changes nothing that is trained, so it is the same checkpoint.
     assert warm_started_model(config, tmp_path, WarmStartConfig(steps=4, batch_size=8, eval_every=2))[0] == path
-    # Any setting that changes the weights is a different checkpoint.
-    longer, _ = warm_started_model(config, tmp_path, WarmStartConfig(steps=5, batch_size=8))
-    reseeded, _ = warm_started_model(tiny_config(arithmetic, "model.tiny.seed=3"), tmp_path, FEW)
+    # Any setting that changes the weights is a different checkpoint, and the miss names what differs.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainer.warm_start"):
+        longer, _ = warm_started_model(config, tmp_path, WarmStartConfig(steps=5, batch_size=8))
+    assert "the closest of 1 cached warm starts" in caplog.text and "differs in warm_start\n" in caplog.text + "\n"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainer.warm_start"):
+        reseeded, _ = warm_started_model(tiny_config(arithmetic, "model.tiny.seed=3"), tmp_path, FEW)
+    assert "the closest of 2 cached warm starts" in caplog.text and "differs in tiny\n" in caplog.text + "\n"
     assert len({path, longer, reseeded}) == 3
+    # A folder without its record is an interrupted run of the same key.
+    (path / RECORD_FILE).unlink()
+    assert cache_miss_reason(tmp_path, warm_start_cache_key(config, FEW)) == f"{path} was not finished (no {RECORD_FILE})"
 
 
 def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
