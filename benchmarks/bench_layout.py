@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
+from hybridflow.metrics import read_jsonl
+from recipes.arithmetic_demo import main as DEMO
+from trainer.algorithms import rl_step
+from trainer.fit import fit
+from trainer.ray_runtime import start_ray
+from trainer.runtime import Runtime
+from trainer.warm_start import warm_started_model
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from hybridflow.metrics import read_jsonl  # noqa: E402
-from tests.recipes._load import load_recipe  # noqa: E402
-from trainer.ray_runtime import start_ray  # noqa: E402
-from trainer.rl_trainer import RLTrainer  # noqa: E402
-from trainer.warm_start import warm_started_model  # noqa: E402
-
-DEMO = load_recipe("arithmetic_demo")
 
 LAYOUTS = {
     "2 ranks x 1 thread": ["resource.slots_per_node=2", "resource.cpus_per_slot=1"],
@@ -61,8 +59,8 @@ def run_layout(name: str, overrides: list[str], model_dir: Path, data_dir: Path,
         ],
         model_dir,
     )
-    with start_ray(config), RLTrainer(config) as trainer:
-        trainer.fit()
+    with start_ray(config), Runtime(config) as runtime:
+        fit(runtime, rl_step)
     records = [r for r in read_jsonl(output / "metrics.jsonl") if "timing_s/step" in r][WARM_UP_STEPS:]
     return {phase: statistics.median(r[key] for r in records) for phase, key in PHASES.items()}
 

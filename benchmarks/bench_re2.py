@@ -25,36 +25,33 @@ Run (from the repository root; about 5 minutes per algorithm on a 2-core host, m
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from hybridflow.algos.masked import last_valid_token_mask
+from hybridflow.protocol import Batch
+from hybridflow.rollout.sampling import SamplingParams
+from recipes.arithmetic_demo import main as DEMO
+from recipes.dapo import main as DAPO
+from recipes.re2 import main as RE2
+from recipes.re2 import re2_task as TASK
+from trainer.config import load_config, recipe_settings
+from trainer.fit import Every, Progress, StopAt, fit
+from trainer.ray_runtime import start_ray
+from trainer.runtime import Runtime
+from trainer.steps import advantages, generate, old_log_probs, update_actor
+from trainer.validation import validation_rollouts
+from trainer.warm_start import warm_started_model
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from hybridflow.algos.masked import last_valid_token_mask  # noqa: E402
-from hybridflow.data import PromptLoader  # noqa: E402
-from hybridflow.protocol import Batch  # noqa: E402
-from hybridflow.rollout.sampling import SamplingParams  # noqa: E402
-from tests.recipes._load import load_recipe  # noqa: E402
-from trainer.config import load_config, recipe_settings  # noqa: E402
-from trainer.ray_runtime import start_ray  # noqa: E402
-from trainer.rl_trainer import RLTrainer  # noqa: E402
-from trainer.steps import advantages, generate, old_log_probs, update_actor  # noqa: E402
-from trainer.warm_start import warm_started_model  # noqa: E402
-
-DEMO, DAPO, RE2 = load_recipe("arithmetic_demo"), load_recipe("dapo"), load_recipe("re2")
-TASK = sys.modules["re2_task"]
 REDO = RE2.Re2Settings()  # the redo phrase and what counts as an answer after it, for both algorithms
 SHARED = [
     "trainer.total_steps=100000",
     "trainer.val_every=0",
-    "trainer.val_before_train=false",
+    "trainer.val_before_train=true",
     "trainer.loggers=[jsonl]",
     "data.max_prompt_length=40",
     "data.max_response_length=40",
@@ -73,24 +70,16 @@ SHARED = [
 ]
 
 
-class BudgetSpent(Exception):
-    """Raised by the counting step when the algorithm's token budget is used up."""
-
-
-def dapo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-    """recipes/dapo's step with old log-probs before the update (8 optimizer steps per batch, as re2),
-    counting the tokens every round generated in ``bench/generated_tokens``."""
-    settings = recipe_settings(trainer.config, DAPO.DapoSettings)
-    redo = RE2.as_written(trainer.tokenizer, REDO)
-    generated = 0
+def dapo_step(runtime: Runtime, prompts: Batch) -> Batch:
+    """recipes/dapo's step with old log-probs before the update (8 optimizer steps per batch, as re2)."""
+    settings = recipe_settings(runtime.config, DAPO.DapoSettings)
+    redo = RE2.as_written(runtime.tokenizer, REDO)
 
     def sample_round(round_index: int) -> Batch:
-        nonlocal generated
-        rollouts = generate(trainer, prompts if round_index == 0 else trainer.next_prompts())
-        generated += int(rollouts["response_lengths"].sum())
+        rollouts = generate(runtime, prompts if round_index == 0 else runtime.next_prompts())
         # The same rules as re2's: the phrase ends the response, and a redo is no answer (it scores 0).
-        rollouts = RE2.ended_at_redo(trainer, rollouts, redo.redo_phrase)
-        correct, _ = RE2.judged(trainer, rollouts, redo)
+        rollouts = RE2.ended_at_redo(runtime, rollouts, redo.redo_phrase)
+        correct, _ = RE2.judged(runtime, rollouts, redo)
         last = last_valid_token_mask(rollouts["response_mask"].bool())
         return rollouts | Batch(
             {"scores": correct.float(), "token_level_scores": last.float() * correct[:, None]}
@@ -99,29 +88,23 @@ def dapo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     rollouts, metrics = DAPO.fill_batch(
         sample_round,
         len(prompts),
-        trainer.config.rollout.n,
+        runtime.config.rollout.n,
         settings.max_rounds,
-        trainer.tokenizer.pad_token_id,
+        runtime.tokenizer.pad_token_id,
     )
-    trainer.record({**metrics, "bench/generated_tokens": float(generated)})
+    runtime.record(metrics)
     if rollouts is None:
         return prompts
-    rollouts = RE2.with_trainer_log_prob_at_appended_eos(rollouts | old_log_probs(trainer, rollouts))
-    rollouts |= advantages(trainer, rollouts)
-    update_actor(trainer, DAPO.without_truncated_tokens(rollouts))
+    rollouts = RE2.with_trainer_log_prob_at_appended_eos(rollouts | old_log_probs(runtime, rollouts))
+    rollouts |= advantages(runtime, rollouts)
+    update_actor(runtime, DAPO.without_truncated_tokens(rollouts))
     return rollouts
 
 
-def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-    rollouts = RE2.re2_step(trainer, prompts)
-    trainer.record({"bench/generated_tokens": trainer.step_metrics["re2/generated_tokens"]})
-    return rollouts
-
-
-ALGORITHMS: dict[str, tuple[Path, Callable[[RLTrainer, Batch], Batch], list[str]]] = {
-    "re2": (REPO / "recipes" / "re2" / "config.yaml", re2_step, ["data.train_batch_size=4"]),
+ALGORITHMS: dict[str, tuple[Path, Callable[[Runtime, Batch], Batch], list[str]]] = {
+    "re2": (RE2.HERE / "config.yaml", RE2.re2_step, ["data.train_batch_size=4"]),
     "dapo": (
-        REPO / "recipes" / "dapo" / "config.yaml",
+        DAPO.HERE / "config.yaml",
         dapo_step,
         [
             "data.train_batch_size=32",
@@ -133,23 +116,25 @@ ALGORITHMS: dict[str, tuple[Path, Callable[[RLTrainer, Batch], Batch], list[str]
 }
 
 
-def held_out(trainer: RLTrainer, samples: int) -> dict[str, float]:
-    """``samples`` sampled answers per held-out problem, cut after the redo phrase: redo rate, accuracy over
-    non-redo samples, expected rounds, and how often a sample redoes after a wrong and after a right first
-    digit (the digit before the phrase: a redo is worth something only after a wrong one)."""
-    redo_settings = RE2.as_written(trainer.tokenizer, REDO)
+def held_out(runtime: Runtime, samples: int) -> dict[str, float]:
+    """``samples`` sampled answers per held-out problem (the validation loop, `validation_rollouts`), cut
+    after the redo phrase: redo rate, accuracy over non-redo samples, expected rounds, and how often a
+    sample redoes after a wrong and after a right first digit (the digit before the phrase: a redo is
+    worth something only after a wrong one)."""
+    redo_settings = RE2.as_written(runtime.tokenizer, REDO)
     sampling = SamplingParams(
-        n=samples, temperature=1.0, max_new_tokens=trainer.config.data.max_response_length, seed=0
+        n=samples, temperature=1.0, max_new_tokens=runtime.config.data.max_response_length, seed=0
     )
-    loader = PromptLoader(
-        trainer.val_data, 250, trainer.tokenizer.pad_token_id, shuffle=False, drop_last=False
-    )
+
+    def cut(runtime: Runtime, rollouts: Batch) -> Batch:
+        return RE2.ended_at_redo(runtime, rollouts, redo_settings.redo_phrase)
+
     correct, redo, wrong_start = [], [], []
-    for prompts in loader:
-        rollouts = trainer.actor.generate_sequences(prompts, sampling)
-        rollouts = RE2.ended_at_redo(trainer, rollouts, redo_settings.redo_phrase)
-        right, flags = RE2.judged(trainer, rollouts, redo_settings)
-        correct.append(right)
+    for rollouts in validation_rollouts(runtime, sampling, finish=cut):
+        flags = torch.tensor(
+            [RE2.is_redo(t, redo_settings.redo_phrase, redo_settings.answer_pattern) for t in rollouts["response_text"]]
+        )
+        correct.append((rollouts["scores"] >= 1.0) & ~flags)
         redo.append(flags)
         truths = [str(t) for t in rollouts["ground_truth"]]
         wrong_start.append(
@@ -182,14 +167,13 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
         ],
     )
     curve: list[dict] = []
-    spent = {"tokens": 0.0, "next_eval": 0.0, "train_s": 0.0}
 
-    def evaluate(trainer: RLTrainer) -> None:
+    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
         point = {
-            "tokens": spent["tokens"],
-            "step": trainer.step - 1,
-            "train_s": spent["train_s"],
-            **held_out(trainer, args.samples),
+            "tokens": progress.generated_tokens,
+            "step": progress.steps,
+            "train_s": progress.seconds,
+            **held_out(runtime, args.samples),
         }
         curve.append(point)
         print(
@@ -200,21 +184,16 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
             f"{point['redo_after_wrong_start']:.1%} / {point['redo_after_right_start']:.1%}",
             flush=True,
         )
-        spent["next_eval"] += args.eval_every_tokens
+        return {}
 
-    def counted_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        if spent["tokens"] >= spent["next_eval"]:
-            evaluate(trainer)
-        if spent["tokens"] >= args.budget_tokens:
-            raise BudgetSpent
-        started = time.perf_counter()
-        rollouts = step_fn(trainer, prompts)
-        spent["train_s"] += time.perf_counter() - started
-        spent["tokens"] += trainer.step_metrics["bench/generated_tokens"]
-        return rollouts
-
-    with start_ray(config), RLTrainer(config) as trainer, contextlib.suppress(BudgetSpent):
-        trainer.fit(counted_step)
+    with start_ray(config), Runtime(config) as runtime:
+        fit(
+            runtime,
+            step_fn,
+            stop=StopAt(generated_tokens=args.budget_tokens),
+            evaluate=evaluate,
+            evaluate_every=Every(generated_tokens=args.eval_every_tokens),
+        )
     return curve
 
 

@@ -19,27 +19,24 @@ Run (from the repository root; about budget x 3 plus start-up):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from hybridflow.metrics import read_jsonl
+from hybridflow.protocol import Batch
+from recipes.arithmetic_demo import main as DEMO
+from recipes.dapo import main as DAPO
+from recipes.intuitor import main as INTUITOR
+from trainer.algorithms import rl_step
+from trainer.fit import Every, Progress, StopAt, fit
+from trainer.ray_runtime import start_ray
+from trainer.runtime import Runtime
+from trainer.validation import validate
+from trainer.warm_start import warm_started_model
 
-from hybridflow.protocol import Batch  # noqa: E402
-from tests.recipes._load import load_recipe  # noqa: E402
-from trainer.algorithms import rl_step  # noqa: E402
-from trainer.ray_runtime import start_ray  # noqa: E402
-from trainer.rl_trainer import RLTrainer  # noqa: E402
-from trainer.warm_start import warm_started_model  # noqa: E402
-
-DEMO, DAPO, INTUITOR = load_recipe("arithmetic_demo"), load_recipe("dapo"), load_recipe("intuitor")
-
-ALGORITHMS: dict[str, tuple[Callable[[RLTrainer, Batch], Batch], list[str]]] = {
+ALGORITHMS: dict[str, tuple[Callable[[Runtime, Batch], Batch], list[str]]] = {
     "grpo": (rl_step, []),
     "dapo": (
         DAPO.dapo_step,
@@ -62,10 +59,6 @@ ALGORITHMS: dict[str, tuple[Callable[[RLTrainer, Batch], Batch], list[str]]] = {
 }
 
 
-class BudgetSpent(Exception):
-    """Raised by the timed step when the algorithm's training budget is used up."""
-
-
 def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) -> dict:
     step_fn, overrides = ALGORITHMS[name]
     config = DEMO.demo_config(
@@ -74,7 +67,7 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
         [
             "trainer.total_steps=100000",
             "trainer.val_every=0",
-            "trainer.val_before_train=false",
+            "trainer.val_before_train=true",
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir=outputs/bench_recipes/{name}",
             *overrides,
@@ -82,32 +75,26 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
         model_dir,
     )
     curve: list[dict] = []
-    trained = {"s": 0.0, "next_eval": 0.0, "rounds": []}
 
-    def evaluate(trainer: RLTrainer) -> None:
-        accuracy = trainer.validate()["val/accuracy"]
-        curve.append({"train_s": trained["s"], "step": trainer.step - 1, "accuracy": accuracy})
-        print(f"{name:>9} step {trainer.step - 1:>4} train {trained['s']:>6.0f} s  accuracy {accuracy:.1%}", flush=True)
-        trained["next_eval"] += args.eval_every_s
+    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
+        metrics = validate(runtime)
+        accuracy = metrics["val/accuracy"]
+        curve.append({"train_s": progress.seconds, "step": progress.steps, "accuracy": accuracy})
+        print(f"{name:>9} step {progress.steps:>4} train {progress.seconds:>6.0f} s  accuracy {accuracy:.1%}", flush=True)
+        return metrics
 
-    def timed_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        if trained["s"] >= trained["next_eval"]:
-            evaluate(trainer)
-        if trained["s"] >= args.budget_s:
-            raise BudgetSpent
-        started = time.perf_counter()
-        rollouts = step_fn(trainer, prompts)
-        trained["s"] += time.perf_counter() - started
-        if "dapo/rounds" in trainer.step_metrics:
-            trained["rounds"].append(trainer.step_metrics["dapo/rounds"])
-        return rollouts
-
-    # The budget ends the run between two steps.
-    with start_ray(config), RLTrainer(config) as trainer, contextlib.suppress(BudgetSpent):
-        trainer.fit(timed_step)
+    with start_ray(config), Runtime(config) as runtime:
+        fit(
+            runtime,
+            step_fn,
+            stop=StopAt(seconds=args.budget_s),
+            evaluate=evaluate,
+            evaluate_every=Every(seconds=args.eval_every_s),
+        )
     result = {"curve": curve}
-    if trained["rounds"]:
-        result["rounds_per_step"] = sum(trained["rounds"]) / len(trained["rounds"])
+    rounds = [r["dapo/rounds"] for r in read_jsonl(Path(config.trainer.output_dir) / "metrics.jsonl") if "dapo/rounds" in r]
+    if rounds:
+        result["rounds_per_step"] = sum(rounds) / len(rounds)
     return result
 
 

@@ -15,9 +15,8 @@ In the order the data flows (the controller only moves Batches; weights stay on 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hybridflow.protocol import Batch
+from trainer.runtime import Runtime
 from trainer.steps import (
     advantages,
     generate,
@@ -29,35 +28,32 @@ from trainer.steps import (
     values,
 )
 
-if TYPE_CHECKING:
-    from trainer.rl_trainer import RLTrainer
-
 __all__ = ["needs_old_log_probs", "rl_step"]
 
 
-def needs_old_log_probs(trainer: RLTrainer) -> bool:
+def needs_old_log_probs(runtime: Runtime) -> bool:
     """Whether the step must compute old log-probs before the update.
 
     With one optimizer step per batch the update's own forward gives them (see
     `ActorRolloutRefWorker.update_actor`); several optimizer steps, or a KL penalty in the reward, need
     them first.
     """
-    return trainer.sizes.actor.optimizer_steps_per_step > 1 or trainer.config.algorithm.use_kl_in_reward
+    return runtime.sizes.actor.optimizer_steps_per_step > 1 or runtime.config.algorithm.use_kl_in_reward
 
 
-def rl_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def rl_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One PPO/GRPO step as the config describes it; returns the step's rollouts."""
-    config = trainer.config
-    rollouts = generate(trainer, prompts)
-    rollouts |= score(trainer, rollouts)
-    if needs_old_log_probs(trainer):
-        rollouts |= old_log_probs(trainer, rollouts)
+    config = runtime.config
+    rollouts = generate(runtime, prompts)
+    rollouts |= score(runtime, rollouts)
+    if needs_old_log_probs(runtime):
+        rollouts |= old_log_probs(runtime, rollouts)
     if config.needs_reference:
-        rollouts |= ref_log_probs(trainer, rollouts)
-    if trainer.critic is not None:
-        rollouts |= values(trainer, rollouts)
-    rollouts |= advantages(trainer, rollouts)
-    if trainer.critic is not None:
-        update_critic(trainer, rollouts)
-    update_actor(trainer, rollouts)
+        rollouts |= ref_log_probs(runtime, rollouts)
+    if runtime.critic is not None:
+        rollouts |= values(runtime, rollouts)
+    rollouts |= advantages(runtime, rollouts)
+    if runtime.critic is not None:
+        update_critic(runtime, rollouts)
+    update_actor(runtime, rollouts)
     return rollouts

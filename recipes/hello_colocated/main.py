@@ -10,7 +10,8 @@ Every step the controller:
     batch    = actions | rewards | advantages      # advantages computed on the controller
     metrics  = policy.update(batch)                # gradients all-reduced over gloo
 
-Run:  python recipes/hello_colocated/main.py [--steps 30]
+Run:  python -m recipes.hello_colocated.main [--steps 30]
+(or python recipes/hello_colocated/main.py ...)
 """
 
 from __future__ import annotations

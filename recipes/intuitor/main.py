@@ -5,11 +5,12 @@ Self-certainty of a response is the mean over its tokens of KL(U || p_t), per to
 ``logsumexp(z) - mean_v z_v - log |V|`` (`hybridflow.parallel.token_stats`, "self_certainty"): how far each
 next-token prediction is from uniform. It is computed online, by the current policy, in the same forward as
 the old log-probs. Advantages are GRPO's on it; the loss keeps a k3 KL to the reference (beta 0.005).
-Ground-truth answers are dropped before generation and only validation (`RLTrainer.validate`) scores
+Ground-truth answers are dropped before generation and only validation (`trainer.validation.validate`) scores
 against them. ``recipe.external_reward_weight`` > 0 adds the config's reward functions as a second,
 separately normalised advantage (and then the labels are used in training).
 
-Run:  python recipes/intuitor/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.intuitor.main [key=value overrides of config.yaml]
+(or python recipes/intuitor/main.py ...)
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from hybridflow.algos import compute_advantage, last_valid_token_mask, masked_me
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.protocol import Batch
 from trainer.config import load_config, recipe_field, recipe_settings
+from trainer.fit import fit
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.runtime import Runtime
 from trainer.steps import advantages, generate, old_log_probs, ref_log_probs, score, update_actor
 
 HERE = Path(__file__).resolve().parent
@@ -53,19 +55,19 @@ def self_certainty_scores(rollouts: Batch) -> Batch:
     return Batch({"scores": certainty, "token_level_scores": certainty[:, None] * last_valid_token_mask(mask)})
 
 
-def intuitor_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def intuitor_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One INTUITOR step: sample, score by self-certainty, GRPO advantages, update with KL to the reference."""
-    settings = recipe_settings(trainer.config, IntuitorSettings)
+    settings = recipe_settings(runtime.config, IntuitorSettings)
     if settings.external_reward_weight == 0:
         prompts = without_labels(prompts)  # nothing below can see an answer
-    rollouts = generate(trainer, prompts)  # G samples per prompt (vLLM, inference layout)
-    rollouts |= old_log_probs(trainer, rollouts, stats=("log_prob", "self_certainty"))  # one forward
+    rollouts = generate(runtime, prompts)  # G samples per prompt (vLLM, inference layout)
+    rollouts |= old_log_probs(runtime, rollouts, stats=("log_prob", "self_certainty"))  # one forward
     rollouts |= self_certainty_scores(rollouts)  # u_i = mean_t KL(U || pi(. | q, o_<t))
-    rollouts |= ref_log_probs(trainer, rollouts)  # for beta * KL(pi || pi_ref) in the loss
-    rollouts |= advantages(trainer, rollouts)  # (u_i - mean_group(u)) / std_group(u)
-    trainer.record({"intuitor/self_certainty_mean": rollouts["scores"].mean().item()})
+    rollouts |= ref_log_probs(runtime, rollouts)  # for beta * KL(pi || pi_ref) in the loss
+    rollouts |= advantages(runtime, rollouts)  # (u_i - mean_group(u)) / std_group(u)
+    runtime.record({"intuitor/self_certainty_mean": rollouts["scores"].mean().item()})
     if settings.external_reward_weight > 0:
-        external = score(trainer, rollouts)  # normalised on its own, then added with its weight
+        external = score(runtime, rollouts)  # normalised on its own, then added with its weight
         external_advantages, _ = compute_advantage(
             {
                 "token_level_rewards": external["token_level_scores"],
@@ -76,7 +78,7 @@ def intuitor_step(trainer: RLTrainer, prompts: Batch) -> Batch:
         )
         total = rollouts.pop("advantages")["advantages"] + settings.external_reward_weight * external_advantages
         rollouts = without_labels(rollouts) | Batch({"advantages": total})
-    update_actor(trainer, rollouts)  # clipped surrogate + 0.005 * k3 KL to pi_ref (config)
+    update_actor(runtime, rollouts)  # clipped surrogate + 0.005 * k3 KL to pi_ref (config)
     return rollouts
 
 
@@ -85,8 +87,8 @@ def main(overrides: list[str]) -> dict[str, float]:
     ensure_arithmetic_splits(DATA)  # 2-digit addition, bare style ("47+38=" -> "85")
     config = load_config(HERE / "config.yaml", overrides)
     recipe_settings(config, IntuitorSettings)  # a bad recipe.* key fails here, before anything starts
-    with start_ray(config), RLTrainer(config) as trainer:
-        return trainer.fit(intuitor_step)
+    with start_ray(config), Runtime(config) as runtime:
+        return fit(runtime, intuitor_step)
 
 
 if __name__ == "__main__":

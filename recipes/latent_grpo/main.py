@@ -10,17 +10,16 @@ samples masked out and one positive first step kept per group.
 
 The model starts from a supervised stage that teaches the latent format on 2-digit addition
 (`recipes.latent_grpo.sft`). ``recipe.variant: explicit`` runs the baseline instead: the same supervised
-stage on the explicit chain, then plain GRPO (`trainer.fit()`'s configured step).
+stage on the explicit chain, then plain GRPO (the configured step, `trainer.algorithms.rl_step`).
 
-Run from the repository root (the workers import this package):
-    python -m recipes.latent_grpo.main [key=value overrides of config.yaml]
+Run:  python -m recipes.latent_grpo.main [key=value overrides of config.yaml]
+(or python recipes/latent_grpo/main.py ...)
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,10 +36,10 @@ from recipes.latent_grpo.task import END_OF_THINKING
 from recipes.latent_grpo.worker import LatentActor
 from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
-from trainer.fit import StepFn
+from trainer.fit import StopAt, fit
 from trainer.model_setup import prepare_model_dir
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.runtime import Runtime
 from trainer.steps import MODEL_INPUTS, generate, score
 from workers.training import balanced_update_order
 
@@ -65,12 +64,12 @@ class LatentGRPOSettings:
 
 
 @step_columns(reads=(*MODEL_INPUTS, *LATENT_COLUMNS), writes=("old_log_probs",))
-def latent_old_log_probs(trainer: RLTrainer, rollouts: Batch) -> Batch:
+def latent_old_log_probs(runtime: Runtime, rollouts: Batch) -> Batch:
     """``old_log_probs [batch, response_len]``: latent positions' Gumbel log-densities and explicit
     tokens' log-probs under the current policy, in the training layout."""
-    with trainer.timer.phase("log_prob"):
-        return trainer.actor.compute_log_prob(
-            rollouts.select(*MODEL_INPUTS, *LATENT_COLUMNS, meta=False), temperature=trainer.config.rollout.temperature
+    with runtime.timer.phase("log_prob"):
+        return runtime.actor.compute_log_prob(
+            rollouts.select(*MODEL_INPUTS, *LATENT_COLUMNS, meta=False), temperature=runtime.config.rollout.temperature
         )
 
 
@@ -89,12 +88,12 @@ def latent_advantages(rollouts: Batch) -> Batch:
 
 
 @step_columns(reads=(*MODEL_INPUTS, *LATENT_COLUMNS, "advantages", "old_log_probs"))
-def latent_update_actor(trainer: RLTrainer, rollouts: Batch) -> None:
+def latent_update_actor(runtime: Runtime, rollouts: Batch) -> None:
     """One actor update on the latent rollouts (the configured clipped objective); records ``actor/*``."""
     batch = rollouts.select(*MODEL_INPUTS, *LATENT_COLUMNS, "advantages", "old_log_probs", meta=False)
-    order = balanced_update_order(batch, trainer.actor.world_size, trainer.config.actor.ppo_mini_batch_size)
-    with trainer.timer.phase("update"):
-        trainer.record(trainer.actor.update_actor(batch.reorder(order), temperature=trainer.config.rollout.temperature)[0])
+    order = balanced_update_order(batch, runtime.actor.world_size, runtime.config.actor.ppo_mini_batch_size)
+    with runtime.timer.phase("update"):
+        runtime.record(runtime.actor.update_actor(batch.reorder(order), temperature=runtime.config.rollout.temperature)[0])
 
 
 def reasoning_metrics(rollouts: Batch) -> dict[str, float]:
@@ -108,37 +107,19 @@ def reasoning_metrics(rollouts: Batch) -> dict[str, float]:
     }
 
 
-def latent_grpo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def latent_grpo_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One Latent-GRPO step: latent rollouts, reward, old log-probs, masked advantages, update."""
-    rollouts = generate(trainer, prompts)  # LatentActor: latent phase, then explicit sampling
-    rollouts |= score(trainer, rollouts)  # the answer after end-of-thinking
-    rollouts |= latent_old_log_probs(trainer, rollouts)  # Gumbel log-densities at latent positions
+    rollouts = generate(runtime, prompts)  # LatentActor: latent phase, then explicit sampling
+    rollouts |= score(runtime, rollouts)  # the answer after end-of-thinking
+    rollouts |= latent_old_log_probs(runtime, rollouts)  # Gumbel log-densities at latent positions
     rollouts |= latent_advantages(rollouts)  # z-score, truncated rows out, one positive first step
-    latent_update_actor(trainer, rollouts)  # clipped surrogate; straight-through flip where A <= 0
-    trainer.record(reasoning_metrics(rollouts))
+    latent_update_actor(runtime, rollouts)  # clipped surrogate; straight-through flip where A <= 0
+    runtime.record(reasoning_metrics(rollouts))
     return rollouts
 
 
-def within_budget(step_fn: StepFn, seconds: float) -> StepFn:
-    """``step_fn`` that makes the current step the last (``trainer.total_steps``) once the steps so far
-    took ``seconds`` in all; validation and start-up do not count. ``fit`` then validates and stops."""
-    spent = 0.0
-
-    def step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        nonlocal spent
-        start = time.monotonic()
-        rollouts = step_fn(trainer, prompts)
-        spent += time.monotonic() - start
-        if seconds and spent >= seconds:
-            trainer.total_steps = trainer.step
-        trainer.record({"time/training_s": spent})
-        return rollouts
-
-    return step
-
-
-def latent_sampling(trainer: RLTrainer, settings: LatentGRPOSettings) -> LatentSampling:
-    eot = trainer.tokenizer.convert_tokens_to_ids(END_OF_THINKING)
+def latent_sampling(runtime: Runtime, settings: LatentGRPOSettings) -> LatentSampling:
+    eot = runtime.tokenizer.convert_tokens_to_ids(END_OF_THINKING)
     return LatentSampling(settings.top_k, settings.tau, settings.noise_scale, eot)
 
 
@@ -159,13 +140,14 @@ def main(overrides: list[str]) -> dict[str, float]:
     config = load_config(HERE / "config.yaml", overrides)
     settings = recipe_settings(config, LatentGRPOSettings)
     config = with_supervised_start(config, overrides, settings)
+    # The budget counts the steps' seconds (validation and start-up do not); fit validates at the end.
+    stop = StopAt(seconds=settings.time_budget_s) if settings.time_budget_s else None
     if settings.variant == "explicit":
-        with start_ray(config), RLTrainer(config) as trainer:
-            return trainer.fit(within_budget(rl_step, settings.time_budget_s))
-    with start_ray(config), RLTrainer(config, worker_classes={"actor_rollout": LatentActor}) as trainer:
-        trainer.actor.set_latent_sampling(latent_sampling(trainer, settings))
-        return trainer.fit(within_budget(latent_grpo_step, settings.time_budget_s))
-
+        with start_ray(config), Runtime(config) as runtime:
+            return fit(runtime, rl_step, stop=stop)
+    with start_ray(config), Runtime(config, worker_classes={"actor_rollout": LatentActor}) as runtime:
+        runtime.actor.set_latent_sampling(latent_sampling(runtime, settings))
+        return fit(runtime, latent_grpo_step, stop=stop)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

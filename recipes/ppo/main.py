@@ -1,10 +1,11 @@
 """PPO with a critic and GAE, and an adaptive KL penalty in the reward.
 
 A config-only recipe: everything that makes the algorithm is in config.yaml (see README.md), and this
-script only writes the data and runs `RLTrainer.fit`. With the data in place the same config runs from
-the command line: `python -m trainer.main --config recipes/ppo/config.yaml`.
+script only writes the data and runs the configured step (`trainer.main.run_config_file`). With the
+data in place the same config runs from the command line: `python -m trainer.main --config recipes/ppo/config.yaml`.
 
-Run:  python recipes/ppo/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.ppo.main [key=value overrides of config.yaml]
+(or python recipes/ppo/main.py ...)
 """
 
 from __future__ import annotations

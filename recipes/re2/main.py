@@ -14,7 +14,8 @@ right after the phrase and ends there. One step, as the paper's algorithm box re
     6. advantage normalised within the prefix group; DAPO's loss (clip 0.2/0.28, dual clip 10,
        token-mean, no KL; config.yaml).
 
-Run:  python recipes/re2/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.re2.main [key=value overrides of config.yaml]
+(or python recipes/re2/main.py ...)
 """
 
 from __future__ import annotations
@@ -28,29 +29,23 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # the recipe's modules sit beside this file, which tests load by path
-    sys.path.insert(0, str(HERE))
-
-from re2_prefixes import (  # noqa: E402
+from hybridflow.algos import group_index
+from hybridflow.algos.masked import last_valid_token_mask
+from hybridflow.protocol import Batch
+from recipes.re2.re2_prefixes import (
     cap_lengths,
     continuation_prompts,
     cut_after_redo,
     cut_lengths,
     prefix_token_lists,
 )
-from re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards  # noqa: E402
-from re2_task import ensure_instructed_task, ensure_task  # noqa: E402
-
-from hybridflow.algos import group_index  # noqa: E402
-from hybridflow.algos.masked import last_valid_token_mask  # noqa: E402
-from hybridflow.data import PromptLoader  # noqa: E402
-from hybridflow.protocol import Batch  # noqa: E402
-from hybridflow.rollout.sampling import SamplingParams  # noqa: E402
-from trainer.config import RunConfig, load_config, recipe_field, recipe_settings  # noqa: E402
-from trainer.ray_runtime import start_ray  # noqa: E402
-from trainer.rl_trainer import RLTrainer  # noqa: E402
-from trainer.steps import (  # noqa: E402
+from recipes.re2.re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards
+from recipes.re2.re2_task import ensure_instructed_task, ensure_task
+from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
+from trainer.fit import fit
+from trainer.ray_runtime import start_ray
+from trainer.runtime import Runtime
+from trainer.steps import (
     advantages,
     concat_rollouts,
     generate,
@@ -59,7 +54,9 @@ from trainer.steps import (  # noqa: E402
     score,
     update_actor,
 )
+from trainer.validation import validation_rollouts, validation_sampling
 
+HERE = Path(__file__).resolve().parent
 DATA = Path(".cache/recipes/re2/data")  # config.yaml's data.train_files / val_files point here
 
 
@@ -85,10 +82,10 @@ def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2
     return replace(settings, redo_phrase=tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def call_seed(trainer: RLTrainer, round_index: int, stage: int) -> int:
+def call_seed(runtime: Runtime, round_index: int, stage: int) -> int:
     """A sampling seed per (step, round, stage): the two stages never share random numbers, and a resumed
     run samples what the uninterrupted one did."""
-    key = [trainer.config.rollout.seed, trainer.step, round_index, stage]
+    key = [runtime.config.rollout.seed, runtime.step, round_index, stage]
     return int(np.random.SeedSequence(key).generate_state(1)[0] % 2**31)
 
 
@@ -97,10 +94,10 @@ def with_columns(rollouts: Batch, columns: Batch) -> Batch:
     return rollouts.select(*[k for k in rollouts.keys() if k not in columns]) | columns
 
 
-def ended_at_redo(trainer: RLTrainer, rollouts: Batch, phrase: str) -> Batch:
+def ended_at_redo(runtime: Runtime, rollouts: Batch, phrase: str) -> Batch:
     """Responses cut right after the redo phrase, EOS appended, ``response_text`` the whole sample's text
     (prefix, then response)."""
-    tokenizer = trainer.tokenizer
+    tokenizer = runtime.tokenizer
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
@@ -119,20 +116,20 @@ def ended_at_redo(trainer: RLTrainer, rollouts: Batch, phrase: str) -> Batch:
     return with_columns(cut, Batch(non_tensors={"response_text": texts}))
 
 
-def judged(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings) -> tuple[torch.Tensor, torch.Tensor]:
+def judged(runtime: Runtime, rollouts: Batch, settings: Re2Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """``(correct, redo)``, each ``[batch]`` bool: exact match of the whole sample (a redo is never
     correct, whatever digits came before its phrase) and `is_redo`."""
-    scored = score(trainer, rollouts)
+    scored = score(runtime, rollouts)
     redo = torch.tensor(
         [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
     )
     return (scored["scores"] >= 1.0) & ~redo, redo
 
 
-def rewarded(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings, group_ids: torch.Tensor) -> Batch:
+def rewarded(runtime: Runtime, rollouts: Batch, settings: Re2Settings, group_ids: torch.Tensor) -> Batch:
     """``correct``, ``redo``, ``group_ids`` and the Re² reward as ``scores`` and ``token_level_scores``
     (at the last response token)."""
-    correct, redo = judged(trainer, rollouts, settings)
+    correct, redo = judged(runtime, rollouts, settings)
     reward = redo_rewards(correct, redo, group_ids, settings.redo_rounds)
     last = last_valid_token_mask(rollouts["response_mask"].bool())
     return Batch(
@@ -147,23 +144,23 @@ def rewarded(trainer: RLTrainer, rollouts: Batch, settings: Re2Settings, group_i
 
 
 def two_stage_rollout(
-    trainer: RLTrainer, queries: Batch, settings: Re2Settings, round_index: int
+    runtime: Runtime, queries: Batch, settings: Re2Settings, round_index: int
 ) -> tuple[Batch, Batch]:
     """Steps 1-4 for one batch of queries: ``len(queries) * n * m`` rewarded continuations, rows ordered
     query, prefix, continuation, with ``group_ids [rows, 2]`` = (query in this round, prefix); and the
     ``correct`` and ``redo`` flags of the ``len(queries) * n`` first-stage samples."""
-    n, m = trainer.config.rollout.n, settings.continuations
-    limit = trainer.config.data.max_response_length
-    pad = trainer.tokenizer.pad_token_id
+    n, m = runtime.config.rollout.n, settings.continuations
+    limit = runtime.config.data.max_response_length
+    pad = runtime.tokenizer.pad_token_id
     full = generate(
-        trainer, queries, replace(sampling_params(trainer), seed=call_seed(trainer, round_index, 1))
+        runtime, queries, replace(sampling_params(runtime), seed=call_seed(runtime, round_index, 1))
     )
-    full = ended_at_redo(trainer, full, settings.redo_phrase)
-    correct, redo = judged(trainer, full, settings)
+    full = ended_at_redo(runtime, full, settings.redo_phrase)
+    correct, redo = judged(runtime, full, settings)
 
     cuts = cut_lengths(
         full["response_lengths"],
-        torch.Generator().manual_seed(call_seed(trainer, round_index, 2)),
+        torch.Generator().manual_seed(call_seed(runtime, round_index, 2)),
         settings.zero_cut_prob,
         settings.max_cut_ratio,
     )
@@ -171,21 +168,21 @@ def two_stage_rollout(
         full.select(*queries.keys()), prefix_token_lists(full["responses"], cuts), pad, prefix_width=limit
     )
     longest = int(prompts["attention_mask"].sum(dim=1).max())
-    if longest > trainer.config.data.max_prompt_length:
+    if longest > runtime.config.data.max_prompt_length:
         raise ValueError(
             f"a continuation prompt (question + prefix) has {longest} tokens, more than "
-            f"data.max_prompt_length={trainer.config.data.max_prompt_length}; raise it to at least the "
+            f"data.max_prompt_length={runtime.config.data.max_prompt_length}; raise it to at least the "
             f"longest question + recipe.max_cut_ratio x data.max_response_length"
         )
-    sampling = replace(sampling_params(trainer), n=m, seed=call_seed(trainer, round_index, 3))
-    rollouts = generate(trainer, prompts, sampling)
+    sampling = replace(sampling_params(runtime), n=m, seed=call_seed(runtime, round_index, 3))
+    rollouts = generate(runtime, prompts, sampling)
     generated = int(full["response_lengths"].sum() + rollouts["response_lengths"].sum())
     rollouts = with_columns(rollouts, cap_lengths(rollouts, limit - rollouts["prefix_lengths"], pad))
-    rollouts = ended_at_redo(trainer, rollouts, settings.redo_phrase)
+    rollouts = ended_at_redo(runtime, rollouts, settings.redo_phrase)
     rows = torch.arange(len(rollouts)) // m  # the full sample (= prefix) each continuation comes from
     group_ids = torch.stack([round_index * len(queries) + rows // n, rows % n], dim=1)
-    rollouts = with_columns(rollouts, rewarded(trainer, rollouts, settings, group_ids))
-    trainer.record({"re2/generated_tokens": trainer.step_metrics.get("re2/generated_tokens", 0) + generated})
+    rollouts = with_columns(rollouts, rewarded(runtime, rollouts, settings, group_ids))
+    runtime.record({"re2/generated_tokens": runtime.step_metrics.get("re2/generated_tokens", 0) + generated})
     return rollouts, Batch({"correct": correct, "redo": redo})
 
 
@@ -209,25 +206,25 @@ def with_trainer_log_prob_at_appended_eos(rollouts: Batch) -> Batch:
     )
 
 
-def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def re2_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One Re² step: two-stage rollouts until the batch holds ``train_batch_size * n`` informative prefix
     groups (or ``max_rounds`` rounds ran), then one DAPO update with advantages within prefix groups."""
-    settings = as_written(trainer.tokenizer, recipe_settings(trainer.config, Re2Settings))
-    wanted = len(prompts) * trainer.config.rollout.n * settings.continuations
+    settings = as_written(runtime.tokenizer, recipe_settings(runtime.config, Re2Settings))
+    wanted = len(prompts) * runtime.config.rollout.n * settings.continuations
     kept: list[Batch] = []
     first: list[Batch] = []
     continuations: list[Batch] = []
     rounds = 0
     while rounds < settings.max_rounds and sum(len(b) for b in kept) < wanted:
-        queries = prompts if rounds == 0 else trainer.next_prompts()
-        rollouts, samples = two_stage_rollout(trainer, queries, settings, rounds)
+        queries = prompts if rounds == 0 else runtime.next_prompts()
+        rollouts, samples = two_stage_rollout(runtime, queries, settings, rounds)
         first.append(samples)
         continuations.append(rollouts.select("correct", "redo"))
         kept.append(informative(rollouts))
         rounds += 1
     sampled, fresh = Batch.concat(continuations), Batch.concat(first)
     kept_rows = sum(len(b) for b in kept)
-    trainer.record(
+    runtime.record(
         {
             **redo_metrics(fresh["correct"], fresh["redo"], "re2"),  # the policy from scratch
             **redo_metrics(sampled["correct"], sampled["redo"], "re2/continuation"),
@@ -238,42 +235,32 @@ def re2_step(trainer: RLTrainer, prompts: Batch) -> Batch:
     )
     if not kept_rows:  # every prefix group had equal rewards in every round: nothing to learn this step
         return prompts
-    rollouts = concat_rollouts([b for b in kept if len(b)], trainer.tokenizer.pad_token_id)[:wanted]
-    rollouts = with_trainer_log_prob_at_appended_eos(rollouts | old_log_probs(trainer, rollouts))
-    rollouts |= advantages(trainer, rollouts)  # GRPO within the finest group: (query, prefix)
-    update_actor(trainer, rollouts)  # DAPO: clip 0.2/0.28, dual clip 10, token-mean, no KL
+    rollouts = concat_rollouts([b for b in kept if len(b)], runtime.tokenizer.pad_token_id)[:wanted]
+    rollouts = with_trainer_log_prob_at_appended_eos(rollouts | old_log_probs(runtime, rollouts))
+    rollouts |= advantages(runtime, rollouts)  # GRPO within the finest group: (query, prefix)
+    update_actor(runtime, rollouts)  # DAPO: clip 0.2/0.28, dual clip 10, token-mean, no KL
     return rollouts
 
 
-def redo_validation(trainer: RLTrainer, settings: Re2Settings, samples: int) -> dict[str, float]:
+def redo_validation(runtime: Runtime, settings: Re2Settings, samples: int) -> dict[str, float]:
     """Sampled answers (``samples`` per held-out prompt, the training temperature), cut after the redo
-    phrase: ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy
-    when every redo is asked again)."""
-    config = trainer.config
-    settings = as_written(trainer.tokenizer, settings)
-    loader = PromptLoader(
-        trainer.val_data,
-        config.data.val_batch_size,
-        trainer.tokenizer.pad_token_id,
-        shuffle=False,
-        drop_last=False,
+    phrase, through the configured validation's loop (`trainer.validation.validation_rollouts`):
+    ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy when
+    every redo is asked again)."""
+    settings = as_written(runtime.tokenizer, settings)
+    sampling = replace(
+        validation_sampling(runtime), n=samples, temperature=runtime.config.rollout.temperature, top_p=1.0, top_k=-1
     )
-    sampling = SamplingParams(
-        n=samples,
-        temperature=config.rollout.temperature,
-        max_new_tokens=config.data.max_response_length,
-        seed=config.rollout.seed,
-    )
+
+    def cut(runtime: Runtime, rollouts: Batch) -> Batch:
+        return ended_at_redo(runtime, rollouts, settings.redo_phrase)
+
     correct, redo = [], []
-    for prompts in loader:
-        rollouts = ended_at_redo(
-            trainer, trainer.actor.generate_sequences(prompts, sampling), settings.redo_phrase
-        )
-        scored, _ = trainer.score(rollouts)
+    for rollouts in validation_rollouts(runtime, sampling, finish=cut):
         flags = torch.tensor(
             [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
         )
-        correct.append((scored["scores"] >= 1.0) & ~flags)
+        correct.append((rollouts["scores"] >= 1.0) & ~flags)
         redo.append(flags)
     return redo_metrics(torch.cat(correct), torch.cat(redo), "val_re2")
 
@@ -296,9 +283,9 @@ def task_config(overrides: list[str], data_dir: Path) -> RunConfig:
 def main(overrides: list[str]) -> dict[str, float]:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = task_config(overrides, DATA)
-    with start_ray(config), RLTrainer(config) as trainer:
-        metrics = trainer.fit(re2_step)
-        metrics.update(redo_validation(trainer, recipe_settings(config, Re2Settings), samples=4))
+    with start_ray(config), Runtime(config) as runtime:
+        metrics = fit(runtime, re2_step)
+        metrics.update(redo_validation(runtime, recipe_settings(config, Re2Settings), samples=4))
     print({key: round(value, 4) for key, value in sorted(metrics.items())})
     return metrics
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from re2_redo import REDO_PHRASE, phrase_end_token
 from torch import Tensor
 
 from hybridflow.protocol import Batch
+from recipes.re2.re2_redo import REDO_PHRASE, phrase_end_token
 
 __all__ = ["cap_lengths", "continuation_prompts", "cut_after_redo", "cut_lengths", "prefix_token_lists"]
 

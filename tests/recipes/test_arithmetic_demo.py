@@ -3,26 +3,13 @@ seed, and its accuracy table reads steps, training time and wall time off the me
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybridflow.data.synthetic import arithmetic_rows, write_splits
+from recipes.arithmetic_demo import main as demo
 from trainer.config import derive_sizes
-
-MAIN = Path(__file__).resolve().parents[2] / "recipes" / "arithmetic_demo" / "main.py"
-
-
-@pytest.fixture(scope="module")
-def demo():
-    spec = importlib.util.spec_from_file_location("arithmetic_demo_main", MAIN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +19,7 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def test_config_is_the_measured_set_up(demo, data, tmp_path):
+def test_config_is_the_measured_set_up(data, tmp_path):
     config = demo.demo_config(data, 1, ["trainer.total_steps=3"], tmp_path)
     tiny = config.model.tiny
     shape = (tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads, tiny.intermediate_size)
@@ -53,7 +40,7 @@ def test_config_is_the_measured_set_up(demo, data, tmp_path):
     assert demo.WARM_START.steps == 290
 
 
-def test_accuracy_table_reads_steps_training_and_wall_time(demo):
+def test_accuracy_table_reads_steps_training_and_wall_time():
     records = [
         {"step": 0, "val/accuracy": 0.274},
         {"step": 1, "timing_s/step": 2.0, "time/since_start_s": 130.0},

@@ -9,13 +9,13 @@ from hybridflow.controller import register
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
 from hybridflow.rewards.shaping import overlong_penalty
-from tests.recipes._load import RECIPES, load_recipe
+from recipes.dapo import main as dapo
 from tests.trainer._runs import run_config, write_task
 from trainer.config import load_config
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 from workers.actor import ActorRolloutRefWorker
 
-dapo = load_recipe("dapo")
 GROUP = 4
 
 
@@ -81,7 +81,7 @@ def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
 
 def test_overlong_punishment_of_the_recipe_config_at_its_boundaries(tmp_path):
     config = load_config(
-        RECIPES / "dapo" / "config.yaml",
+        dapo.HERE / "config.yaml",
         [
             f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]",
             "data.val_files=[]",
@@ -135,15 +135,15 @@ def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_
     config = run_config(root, "hf", 2, ["recipe.max_rounds=4", "actor.clip_eps_high=0.28"])
     trained: list[Batch] = []
 
-    def step(trainer, prompts):
-        rollouts = dapo.dapo_step(trainer, prompts)
+    def step(runtime, prompts):
+        rollouts = dapo.dapo_step(runtime, prompts)
         trained.append(rollouts)
         return rollouts
 
-    with RLTrainer(config, worker_classes={"actor_rollout": RowCountingActor}) as trainer:
-        trainer.fit(step)
-        rows = trainer.actor.rows_per_update()
-        columns = trainer.actor.columns_per_update()
+    with Runtime(config, worker_classes={"actor_rollout": RowCountingActor}) as runtime:
+        fit(runtime, step)
+        rows = runtime.actor.rows_per_update()
+        columns = runtime.actor.columns_per_update()
     records = read_jsonl(root / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     # Both updates trained on the whole kept batch (16 groups of 8, split over 2 ranks) ...

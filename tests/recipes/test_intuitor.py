@@ -10,14 +10,13 @@ import torch
 from hybridflow.controller import register
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
-from tests.recipes._load import load_recipe
+from recipes.intuitor import main as intuitor
 from tests.trainer._runs import run_config, write_task
 from trainer.config import AlgorithmConfig
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 from trainer.steps import compute_advantages
 from workers.actor import ActorRolloutRefWorker
-
-intuitor = load_recipe("intuitor")
 
 
 def test_the_advantage_is_grpo_on_hand_computed_self_certainties():
@@ -71,14 +70,14 @@ def test_intuitor_trains_without_ever_handling_an_answer(ray_cluster, tmp_path):
     config = run_config(root, "hf", 2, ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.005"])
     returned = []
 
-    def step(trainer, prompts):
-        rollouts = intuitor.intuitor_step(trainer, prompts)
+    def step(runtime, prompts):
+        rollouts = intuitor.intuitor_step(runtime, prompts)
         returned.append(sorted(rollouts.keys()))
         return rollouts
 
-    with RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as trainer:
-        trainer.fit(step)
-        seen = trainer.actor.columns_seen()
+    with Runtime(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as runtime:
+        fit(runtime, step)
+        seen = runtime.actor.columns_seen()
     update_columns = [columns for method, columns in seen if method == "update_actor"]
     # The token columns stay on the workers from generation: the update gets their ids.
     assert update_columns == [["advantages", "old_log_probs", "ref_log_probs", "rollout_ids"]] * 2

@@ -1,11 +1,16 @@
-"""recipes/latent_grpo under the trainer: two Latent-GRPO steps on 2 ranks with the recipe's worker class
-(HF engine), from a model briefly taught the latent format. The rollout's log-probs and the training
-layout's recomputation agree, the input embedding matrix stays frozen while the rest trains, and the
-recipe's config says what its README says."""
+"""recipes/latent_grpo under `fit`: two Latent-GRPO steps on 2 ranks with the recipe's worker class (HF
+engine), from a model briefly taught the latent format. The rollout's log-probs and the training layout's
+recomputation agree, the input embedding matrix stays frozen while the rest trains, the recipe's config
+says what its README says, and the recipe runs as a script from any folder, as the others do (its worker
+class reaches the Ray workers as `recipes.latent_grpo.worker`)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +27,8 @@ from hybridflow.models.io import load_causal_lm
 from recipes.latent_grpo import main as recipe
 from recipes.latent_grpo.sft import SFTConfig, held_out_accuracy, train_supervised
 from trainer.config import load_config, recipe_settings
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "latent_grpo"
 CLAIM = re.compile(r"^- `([a-z_]+(?:\.[a-z_]+)+): ([^`]*)`", re.MULTILINE)
@@ -93,11 +99,11 @@ def test_two_latent_grpo_steps_keep_rollout_and_trainer_in_sync(ray_cluster, lat
         ],
     )
     settings = recipe_settings(config, recipe.LatentGRPOSettings)
-    with RLTrainer(config, worker_classes={"actor_rollout": recipe.LatentActor}) as trainer:
-        trainer.actor.set_latent_sampling(recipe.latent_sampling(trainer, settings))
-        before = trainer.actor.gather_full_state()[0]
-        trainer.fit(recipe.latent_grpo_step)
-        after = trainer.actor.gather_full_state()[0]
+    with Runtime(config, worker_classes={"actor_rollout": recipe.LatentActor}) as runtime:
+        runtime.actor.set_latent_sampling(recipe.latent_sampling(runtime, settings))
+        before = runtime.actor.gather_full_state()[0]
+        fit(runtime, recipe.latent_grpo_step)
+        after = runtime.actor.gather_full_state()[0]
     initial = load_causal_lm(model_dir).state_dict()
     assert torch.equal(before["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
     assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
@@ -112,3 +118,42 @@ def test_two_latent_grpo_steps_keep_rollout_and_trainer_in_sync(ray_cluster, lat
             record["latent/latent_steps_mean"] + record["latent/explicit_tokens_mean"]
         )
         assert record["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_one_step_as_a_script_from_another_folder(latent_model, tmp_path):
+    """``python recipes/latent_grpo/main.py``, as every recipe runs, from a folder outside the repository:
+    no ``-m`` and no path of its own, so the Ray workers import the worker class from the installed
+    ``recipes`` package. One step, from the briefly taught model (no supervised stage)."""
+    root, model_dir = latent_model
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(RECIPE / "main.py"),
+        f"model.path={model_dir}",
+        f"data.train_files=[{root / 'train.parquet'}]",
+        f"data.val_files=[{root / 'test.parquet'}]",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=32",
+        "actor.ppo_micro_batch_size=8",
+        f"reward.default_fn={root / 'reward.py'}:count_sevens",
+        "trainer.total_steps=1",
+        "trainer.val_every=0",
+        "trainer.val_before_train=false",
+        "trainer.loggers=[jsonl]",
+        f"trainer.output_dir={out}",
+        f"rollout.cache_dir={tmp_path / 'compile'}",
+        "resource.cpus_per_slot=0.5",
+    ]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1]
+    # The recipe's worker ran the rollout (latent steps) and its training forward (the engine's Gumbel
+    # log-densities are the trainer's); the plain actor would have no latent steps.
+    assert records[0]["latent/latent_steps_mean"] > 0.5
+    assert records[0]["sync/log_prob_abs_diff_max"] < 1e-4
+    assert records[0]["actor/grad_norm"] > 0

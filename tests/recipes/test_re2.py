@@ -7,7 +7,6 @@ objective (no Ray).
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -16,15 +15,13 @@ from hybridflow.data.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenize
 from hybridflow.models import build_tiny_causal_lm
 from hybridflow.protocol import Batch
 from hybridflow.rollout import SamplingParams, response_log_probs
-from tests.recipes._load import RECIPES, load_recipe
-from trainer.config import derive_sizes, load_config
-from trainer.roles import actor_settings
+from recipes.re2 import main as re2
+from recipes.re2 import re2_prefixes as prefixes
+from recipes.re2 import re2_redo as redo
+from recipes.re2 import re2_task as task
+from trainer.config import derive_sizes, derive_values, load_config
 from trainer.steps import compute_advantages
 
-re2 = load_recipe("re2")
-redo = sys.modules["re2_redo"]
-prefixes = sys.modules["re2_prefixes"]
-task = sys.modules["re2_task"]
 PHRASE = redo.REDO_PHRASE
 TOKENIZER = build_char_tokenizer()
 EOS, PAD = TOKENIZER.eos_token_id, TOKENIZER.pad_token_id
@@ -41,7 +38,7 @@ def decode(tokens: list[int]) -> str:
 def recipe_config(tmp_path):
     data = task.ensure_task(tmp_path / "data")
     return load_config(
-        RECIPES / "re2" / "config.yaml",
+        re2.HERE / "config.yaml",
         [f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'test.parquet'}]"],
     )
 
@@ -240,7 +237,7 @@ def test_prefix_tokens_carry_no_loss(tmp_path):
     """A continuation row holds its prefix in the prompt: the recipe's DAPO loss reaches the logits that
     predict continuation tokens and never the one that predicts the prefix token."""
     config = recipe_config(tmp_path)
-    objective = actor_settings(config, derive_sizes(config), total_steps=1).objective
+    objective = derive_values(config, derive_sizes(config), 1, "").actor.objective
     model = build_tiny_causal_lm(len(TOKENIZER), seed=0, initializer_range=0.2)
     prompt = Batch(
         {"input_ids": torch.tensor([ids("12+7=")]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}

@@ -18,12 +18,12 @@ import torch
 from hybridflow.controller import register
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
-from tests.recipes._load import load_recipe
+from recipes.re2 import main as re2
 from tests.trainer._runs import run_config, write_task
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 from workers.actor import ActorRolloutRefWorker
 
-re2 = load_recipe("re2")
 REWARD = '''
 def first_char_even(data_source, solution_str, ground_truth, extra_info=None):
     """1 when the sample's first character has an even code: about half of random samples."""
@@ -68,21 +68,21 @@ def test_re2_step_under_fit(ray_cluster, tmp_path):
     )
     trained: list[Batch] = []
 
-    def step(trainer, prompts):
-        rollouts = re2.re2_step(trainer, prompts)
+    def step(runtime, prompts):
+        rollouts = re2.re2_step(runtime, prompts)
         trained.append(rollouts)
         return rollouts
 
-    with RLTrainer(config, worker_classes={"actor_rollout": RowCountingActor}) as trainer:
-        trainer.fit(step)
-        rows = trainer.actor.rows_per_update()
-        eos = trainer.tokenizer.eos_token_id
-        tokenizer = trainer.tokenizer
+    with Runtime(config, worker_classes={"actor_rollout": RowCountingActor}) as runtime:
+        fit(runtime, step)
+        rows = runtime.actor.rows_per_update()
+        eos = runtime.tokenizer.eos_token_id
+        tokenizer = runtime.tokenizer
 
         def decode(ids: list[int]) -> str:
             return tokenizer.decode(ids, skip_special_tokens=True)
 
-        phrase = trainer.tokenizer.convert_tokens_to_ids("q")
+        phrase = runtime.tokenizer.convert_tokens_to_ids("q")
     records = read_jsonl(root / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert [sum(per_rank) for per_rank in zip(*rows, strict=True)] == [len(b) for b in trained]

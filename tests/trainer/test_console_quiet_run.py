@@ -32,7 +32,9 @@ import torch
 
 from tests.trainer._runs import run_config, write_task
 from trainer.ray_runtime import start_ray
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
+from trainer.algorithms import rl_step
 from workers.actor import ActorRolloutRefWorker
 
 
@@ -50,8 +52,8 @@ def main(root):
     with start_ray(config) as ray_start:
         warnings.warn("own driver warning")
         warnings.warn_explicit("library driver warning", FutureWarning, torch.__file__, 1)
-        with RLTrainer(config, {"actor_rollout": WarningActor}, {"ray": ray_start.seconds}) as trainer:
-            trainer.fit()
+        with Runtime(config, {"actor_rollout": WarningActor}, {"ray": ray_start.seconds}) as runtime:
+            fit(runtime, rl_step)
     print("run finished")
 
 

@@ -1,11 +1,11 @@
-"""A trainer whose construction fails leaves no worker process and no placement group behind.
+"""A runtime whose construction fails leaves no worker process and no placement group behind.
 
 Two real failures, each after worker processes exist: the metrics file cannot be opened (the logger
 starts after every role has loaded), and the reward model cannot load (after the actor has loaded in
-the same processes). The first is checked through `RLTrainer`, which must stop the processes and give
+the same processes). The first is checked through `Runtime`, which must stop the processes and give
 the placement groups back. The second is checked one level down, in `build_worker_groups`, which must
 stop the processes it started by itself, while the pools it was given stay its caller's: removing a
-placement group also ends the actors in it, so through `RLTrainer` the pool release alone would hide a
+placement group also ends the actors in it, so through `Runtime` the pool release alone would hide a
 leak there. The HF engine keeps these constructions cheap; what is checked does not depend on the engine.
 """
 
@@ -22,8 +22,8 @@ from tests.trainer._runs import run_config, write_task
 from tests.workers._policy import write_reward_model
 from trainer.config import derive_sizes
 from trainer.model_setup import prepare_model_dir
-from trainer.rl_trainer import RLTrainer
 from trainer.roles import build_pools, build_worker_groups
+from trainer.runtime import Runtime
 
 
 def cluster_state() -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
@@ -66,7 +66,7 @@ def test_a_logger_that_cannot_start_stops_the_workers(ray_cluster, tmp_path):
     config = run_config(root, "hf", 1)
     before = cluster_state()
     with pytest.raises(IsADirectoryError):
-        RLTrainer(config)
+        Runtime(config)
     assert_gone_since(before)
 
 

@@ -14,7 +14,9 @@ import pytest
 
 from hybridflow.metrics import read_jsonl
 from tests.trainer._runs import run_config, write_task
-from trainer.rl_trainer import RLTrainer
+from trainer.algorithms import rl_step
+from trainer.fit import fit
+from trainer.runtime import Runtime
 
 STEPS = 8
 
@@ -27,8 +29,8 @@ def scores(records: list[dict], key: str) -> dict[int, float]:
 def grpo_run(ray_cluster, tmp_path_factory):
     root = write_task(tmp_path_factory.mktemp("grpo"))
     config = run_config(root, "vllm", STEPS, ["trainer.save_every=4", "actor.param_dtype=float32"])
-    with RLTrainer(config) as trainer:
-        trainer.fit()
+    with Runtime(config) as runtime:
+        fit(runtime, rl_step)
     return root, read_jsonl(root / "run" / "metrics.jsonl")
 
 
@@ -51,8 +53,8 @@ def test_resume_reproduces_the_next_step(grpo_run):
         ["actor.param_dtype=float32", f"trainer.resume={root / 'run' / 'checkpoints' / 'step_4'}",
          f"trainer.output_dir={root / 'resumed'}"],
     )
-    with RLTrainer(config) as trainer:
-        trainer.fit()
+    with Runtime(config) as runtime:
+        fit(runtime, rl_step)
     resumed = read_jsonl(root / "resumed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [5]
     uninterrupted = next(r for r in records if r["step"] == 5)
@@ -80,8 +82,8 @@ def test_ppo_with_a_critic_reduces_the_value_loss(ray_cluster, tmp_path):
         ],
         reward_fn="one_plus_fraction",
     )
-    with RLTrainer(config) as trainer:
-        trainer.fit()
+    with Runtime(config) as runtime:
+        fit(runtime, rl_step)
     loss = scores(read_jsonl(root / "run" / "metrics.jsonl"), "critic/value_loss")
     assert len(loss) == 6
     # Returns sit near 1 and a fresh value head near 0: the critic must close most of that gap.

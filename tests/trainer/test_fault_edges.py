@@ -18,7 +18,9 @@ from hybridflow.checkpoint import MARKER_FILE, CheckpointStore, DiskFullError
 from hybridflow.metrics import read_jsonl
 from tests.checkpoint._small_disk import small_disk
 from tests.trainer._runs import run_config, write_task
-from trainer.rl_trainer import RLTrainer
+from trainer.algorithms import rl_step
+from trainer.fit import fit
+from trainer.runtime import Runtime
 
 
 def logged_steps(path: Path) -> list[int]:
@@ -29,8 +31,8 @@ def logged_steps(path: Path) -> list[int]:
 def test_resume_skips_a_torn_checkpoint_and_logs_each_step_once(ray_cluster, tmp_path, caplog):
     root = write_task(tmp_path)
     settings = ["trainer.save_every=1", "trainer.loggers=[jsonl,tensorboard]"]
-    with RLTrainer(run_config(root, "hf", 2, settings)) as trainer:
-        trainer.fit()
+    with Runtime(run_config(root, "hf", 2, settings)) as runtime:
+        fit(runtime, rl_step)
     metrics = root / "run" / "metrics.jsonl"
     first = {record["step"]: record for record in read_jsonl(metrics)}
     assert logged_steps(metrics) == [1, 2]
@@ -38,8 +40,8 @@ def test_resume_skips_a_torn_checkpoint_and_logs_each_step_once(ray_cluster, tmp
     marker = root / "run" / "checkpoints" / "step_2" / MARKER_FILE
     marker.write_bytes(marker.read_bytes()[: marker.stat().st_size // 2])
 
-    with caplog.at_level(logging.WARNING), RLTrainer(run_config(root, "hf", 2, settings)) as trainer:
-        trainer.fit()
+    with caplog.at_level(logging.WARNING), Runtime(run_config(root, "hf", 2, settings)) as runtime:
+        fit(runtime, rl_step)
     assert re.search(r"skipping checkpoint \S+step_2 is incomplete: trainer_state\.pt cannot be read", caplog.text)
     assert re.search(r"resumed from \S+step_1 at step 1", caplog.text)
     second = {record["step"]: record for record in read_jsonl(metrics)}
@@ -57,8 +59,8 @@ def test_a_checkpoint_onto_a_full_disk_says_so_and_leaves_nothing(ray_cluster, t
     root = write_task(tmp_path)
     with small_disk(tmp_path / "disk", 256 << 10) as disk:
         config = run_config(root, "hf", 1, ["trainer.save_every=1", f"trainer.checkpoint_dir={disk}"])
-        with RLTrainer(config) as trainer, pytest.raises(DiskFullError) as info:
-            trainer.fit()
+        with Runtime(config) as runtime, pytest.raises(DiskFullError) as info:
+            fit(runtime, rl_step)
         message = str(info.value)
         match = re.fullmatch(
             rf"no space left on {disk} while saving checkpoint step 1 \(needed ~([\d.]+) MB, free ([\d.]+) MB\); "

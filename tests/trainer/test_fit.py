@@ -1,4 +1,5 @@
-"""`fit` with a step function written in the test: checkpoint/resume, the sync check, a recipe's worker class.
+"""`fit` with a step function written in the test: checkpoint/resume, the sync check, a recipe's worker class,
+the stop and evaluation hooks.
 
 Real Ray, gloo, FSDP2 and the HF engine on 2 ranks, on the tiny "write the character 7" task of
 `tests.trainer._runs`. The step below is not one the library ships (REINFORCE with a leave-one-out
@@ -14,8 +15,8 @@ from hybridflow.controller import register
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
 from tests.trainer._runs import run_config, write_task
-from trainer.fit import LogProbGapError
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import Every, LogProbGapError, Progress, StopAt, fit
+from trainer.runtime import Runtime
 from trainer.steps import TRANSFER_METRIC, generate, old_log_probs, score, update_actor
 from workers.actor import MODEL_INPUTS, ActorRolloutRefWorker
 
@@ -47,22 +48,22 @@ def leave_one_out_advantages(rollouts: Batch) -> torch.Tensor:
     return (scores - baseline)[:, None] * rollouts["response_mask"]
 
 
-def loo_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-    rollouts = generate(trainer, prompts)
-    rollouts |= score(trainer, rollouts)
-    rollouts |= old_log_probs(trainer, rollouts)
+def loo_step(runtime: Runtime, prompts: Batch) -> Batch:
+    rollouts = generate(runtime, prompts)
+    rollouts |= score(runtime, rollouts)
+    rollouts |= old_log_probs(runtime, rollouts)
     rollouts |= Batch({"advantages": leave_one_out_advantages(rollouts)})
-    update_actor(trainer, rollouts)
+    update_actor(runtime, rollouts)
     return rollouts
 
 
-def stale_engine_step(trainer: RLTrainer, prompts: Batch) -> Batch:
+def stale_engine_step(runtime: Runtime, prompts: Batch) -> Batch:
     """As `loo_step`, but the engine's log-probs are off by 0.5 nats: what a failed weight push looks like."""
-    rollouts = generate(trainer, prompts)
+    rollouts = generate(runtime, prompts)
     engine = rollouts.pop("rollout_log_probs")["rollout_log_probs"]
     rollouts |= Batch({"rollout_log_probs": engine + 0.5 * rollouts["response_mask"]})
-    rollouts |= score(trainer, rollouts)
-    rollouts |= old_log_probs(trainer, rollouts)
+    rollouts |= score(runtime, rollouts)
+    rollouts |= old_log_probs(runtime, rollouts)
     return rollouts
 
 
@@ -76,15 +77,15 @@ def uninterrupted(ray_cluster, task):
     config = run_config(task, "hf", STEPS, ["trainer.save_every=2", "actor.param_dtype=float32"])
     sent: list[tuple[float, Batch, Batch]] = []
 
-    def recorded_step(trainer: RLTrainer, prompts: Batch) -> Batch:
-        rollouts = loo_step(trainer, prompts)
-        sent.append((trainer.step_metrics[TRANSFER_METRIC], prompts, rollouts))
+    def recorded_step(runtime: Runtime, prompts: Batch) -> Batch:
+        rollouts = loo_step(runtime, prompts)
+        sent.append((runtime.step_metrics[TRANSFER_METRIC], prompts, rollouts))
         return rollouts
 
-    with RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as trainer:
-        trainer.fit(recorded_step)
-        seen = trainer.actor.columns_seen_by_updates()
-        used_class = trainer.actor.worker_cls
+    with Runtime(config, worker_classes={"actor_rollout": ColumnRecordingActor}) as runtime:
+        fit(runtime, recorded_step)
+        seen = runtime.actor.columns_seen_by_updates()
+        used_class = runtime.actor.worker_cls
     return read_jsonl(task / "run" / "metrics.jsonl"), seen, used_class, sent
 
 
@@ -107,8 +108,8 @@ def test_a_custom_step_resumes_and_reproduces_the_next_step(task, uninterrupted)
             f"trainer.output_dir={task / 'resumed'}",
         ],
     )
-    with RLTrainer(config) as trainer:
-        trainer.fit(loo_step)
+    with Runtime(config) as runtime:
+        fit(runtime, loo_step)
     resumed = read_jsonl(task / "resumed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [3]
     for key in ("score/mean", "response_length/mean", "advantage/mean", "actor/pg_loss", "actor/grad_norm"):
@@ -143,13 +144,40 @@ def test_the_sync_check_fires_for_any_step_function(ray_cluster, task):
     config = run_config(
         task, "hf", 2, ["resharding.max_log_prob_gap=0.1", f"trainer.output_dir={task / 'stale'}"]
     )
-    with RLTrainer(config) as trainer, pytest.raises(LogProbGapError, match=r"step 1: .* gap 0\.5"):
-        trainer.fit(stale_engine_step)
+    with Runtime(config) as runtime, pytest.raises(LogProbGapError, match=r"step 1: .* gap 0\.5"):
+        fit(runtime, stale_engine_step)
 
 
 def test_a_worker_class_must_subclass_the_shipped_one_and_name_a_started_role(ray_cluster, task):
     config = run_config(task, "hf", 1, [f"trainer.output_dir={task / 'bad'}"])
     with pytest.raises(ValueError, match=r"worker_classes\['actor_rollout'\].*subclass of workers\.actor"):
-        RLTrainer(config, worker_classes={"actor_rollout": ColumnRecordingActor.__mro__[-1]})
+        Runtime(config, worker_classes={"actor_rollout": ColumnRecordingActor.__mro__[-1]})
     with pytest.raises(ValueError, match=r"names role\(s\) \['critic'\] that this run does not start"):
-        RLTrainer(config, worker_classes={"critic": ColumnRecordingActor})
+        Runtime(config, worker_classes={"critic": ColumnRecordingActor})
+
+
+def test_fit_stops_at_the_step_that_reaches_the_token_budget_and_evaluates_there(ray_cluster, task, uninterrupted):
+    records, _, _, sent = uninterrupted
+    # Every row loo_step generates comes back in its rollouts: a step's generated tokens, by hand.
+    by_hand = [float(rollouts["response_mask"].sum()) for _, _, rollouts in sent]
+    assert [r["response/generated_tokens"] for r in records] == by_hand
+    # One token more than step 1 generated: reached during step 2 (same seeds, same tokens), of 3 steps.
+    budget = by_hand[0] + 1
+    config = run_config(task, "hf", STEPS, ["actor.param_dtype=float32", f"trainer.output_dir={task / 'stopped'}"])
+    seen: list[Progress] = []
+
+    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
+        seen.append(progress)
+        return {"eval/tokens_so_far": progress.generated_tokens}
+
+    with Runtime(config) as runtime:
+        last = fit(
+            runtime, loo_step, stop=StopAt(generated_tokens=budget), evaluate=evaluate, evaluate_every=Every(steps=1)
+        )
+    stopped = read_jsonl(task / "stopped" / "metrics.jsonl")
+    assert [r["step"] for r in stopped] == [1, 2]
+    assert [(p.steps, p.generated_tokens) for p in seen] == [(1, by_hand[0]), (2, by_hand[0] + by_hand[1])]
+    assert [r["eval/tokens_so_far"] for r in stopped] == [by_hand[0], by_hand[0] + by_hand[1]]
+    assert last == {"eval/tokens_so_far": by_hand[0] + by_hand[1]}
+    assert seen[1].seconds == pytest.approx(stopped[1]["time/training_s"])
+    assert stopped[1]["time/training_s"] == pytest.approx(stopped[0]["timing_s/step"] + stopped[1]["timing_s/step"])

@@ -2,7 +2,7 @@
 
 A 1.6M-parameter Qwen2 (the demo's shape with 2 layers instead of 4) is warm-started inside the test
 (`trainer.warm_start`: 275 supervised steps from seed 0) to partial accuracy, then trained with GRPO
-(64 prompts x 8 samples, lr 1e-4, exact-match reward) for 10 steps. The trainer's own validation
+(64 prompts x 8 samples, lr 1e-4, exact-match reward) for 10 steps. The configured validation
 (greedy vLLM, exact match on 200 held-out problems) measures it before the first step and after the
 last.
 
@@ -19,8 +19,10 @@ import pytest
 
 from hybridflow.data.synthetic import arithmetic_rows, write_splits
 from hybridflow.metrics import read_jsonl
+from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 from trainer.warm_start import WarmStartConfig, warm_started_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,15 +82,15 @@ def run_config(data: Path, output: Path, seed: int, *extra: str) -> RunConfig:
 def held_out_accuracy_before_and_after(root: Path, seed: int, *extra: str) -> tuple[float, float]:
     """Warm-start (always from seed 0: one fixed start), then GRPO for ``GRPO_STEPS`` steps with prompt
     order and sampling seeded by ``seed`` (``extra``: config overrides); held-out greedy accuracy before
-    the first step and after the last, both from the trainer's validation."""
+    the first step and after the last, both from the configured validation."""
     data = root / "data"
     if not (data / "test.parquet").exists():
         task(data)
     start = run_config(data, root / "run", seed)
     model_dir, _ = warm_started_model(start, root / "cache", WARM_START)
     config = run_config(data, root / f"run-{seed}", seed, f"model.path={model_dir}", *extra)
-    with RLTrainer(config) as trainer:
-        after = trainer.fit()["val/accuracy"]
+    with Runtime(config) as runtime:
+        after = fit(runtime, rl_step)["val/accuracy"]
     before = read_jsonl(root / f"run-{seed}" / "metrics.jsonl")[0]
     assert before["step"] == 0
     return before["val/accuracy"], after

@@ -18,7 +18,10 @@ from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
 from tests.trainer._runs import fraction_of_target, run_config, write_task
 from tests.workers._policy import write_reward_model
-from trainer.rl_trainer import RLTrainer
+from trainer.algorithms import rl_step
+from trainer.fit import fit
+from trainer.runtime import Runtime
+from trainer.validation import validation_metrics, validation_rollouts
 
 STEPS = 2
 WEIGHT = 0.5
@@ -28,17 +31,28 @@ ATOL = 1e-5
 _ROW_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask", "response_text")
 
 
-class RecordingTrainer(RLTrainer):
-    """Keeps the rows and the scores of every `score` call (validation, then one per step)."""
+_SCORE_COLUMNS = ("scores", "token_level_scores", "rule_scores", "rm_scores")
 
-    def __init__(self, config) -> None:
+
+class ScoreRecorder:
+    """Keeps the rows and the scores of every scoring: the validation's, then one per step."""
+
+    def __init__(self) -> None:
         self.scored: list[tuple[Batch, Batch]] = []
-        super().__init__(config)
 
-    def score(self, rollouts: Batch) -> tuple[Batch, dict[str, float]]:
-        scored, metrics = super().score(rollouts)
-        self.scored.append((rollouts.select(*_ROW_COLUMNS, meta=False), scored))
-        return scored, metrics
+    def keep(self, rollouts: Batch) -> None:
+        self.scored.append((rollouts.select(*_ROW_COLUMNS, meta=False), rollouts.select(*_SCORE_COLUMNS, meta=False)))
+
+    def validate(self, runtime: Runtime) -> dict[str, float]:
+        batches = list(validation_rollouts(runtime))
+        for batch in batches:
+            self.keep(batch)
+        return validation_metrics(batches)
+
+    def step(self, runtime: Runtime, prompts: Batch) -> Batch:
+        rollouts = rl_step(runtime, prompts)
+        self.keep(rollouts)
+        return rollouts
 
 
 def reference_rm_scores(rm_dir, rows: Batch) -> torch.Tensor:
@@ -76,9 +90,10 @@ def rm_run(ray_cluster, tmp_path_factory):
             "rollout.enforce_eager=true",
         ],
     )
-    with RecordingTrainer(config) as trainer:
-        trainer.fit()
-    return rm_dir, trainer.scored, read_jsonl(root / "run" / "metrics.jsonl")
+    recorder = ScoreRecorder()
+    with Runtime(config) as runtime:
+        fit(runtime, recorder.step, evaluate=recorder.validate)
+    return rm_dir, recorder.scored, read_jsonl(root / "run" / "metrics.jsonl")
 
 
 def test_scores_are_the_rule_score_plus_the_weighted_reward_model_score(rm_run):

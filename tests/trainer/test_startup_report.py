@@ -10,7 +10,8 @@ import pytest
 from hybridflow.metrics import read_jsonl
 from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
-from trainer.rl_trainer import RLTrainer
+from trainer.fit import fit
+from trainer.runtime import Runtime
 
 PARTS = [
     "before", "data", "reward", "placement", "processes", "model", "engine", "loggers", "resume", "validation"
@@ -23,13 +24,13 @@ def test_the_startup_report_splits_the_time_before_the_first_step(ray_cluster, t
     )
     first_step_at: list[float] = []
 
-    def timed_step(trainer, prompts):
+    def timed_step(runtime, prompts):
         first_step_at.append(time.perf_counter())
-        return rl_step(trainer, prompts)
+        return rl_step(runtime, prompts)
 
     started = time.perf_counter()
-    with RLTrainer(config, startup_s={"before": 1.5}) as trainer:
-        trainer.fit(timed_step)
+    with Runtime(config, startup_s={"before": 1.5}) as runtime:
+        fit(runtime, timed_step)
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     report = {key: value for key, value in records[0].items() if key.startswith("startup/")}

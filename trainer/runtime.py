@@ -1,26 +1,22 @@
-"""`RLTrainer`: the runtime an RL algorithm runs on, and `fit` over any step function.
+"""`Runtime`: the resources an RL algorithm runs on, and their lifetime.
 
-The runtime builds and owns what every algorithm needs: the tokenizer and prompt data, the worker groups
-(actor + rollout + reference, critic, reward model), the reward manager, the loggers, checkpoints and
-validation. The algorithm itself is a step function (`trainer.fit.StepFn`) built from the named steps of
-`trainer.steps`; `RLTrainer.fit(step_fn)` runs it under `trainer.fit.fit`, which owns resume,
-validation, logging, checkpoints and the rollout-vs-trainer sync check. Without a step function, `fit`
-runs the config's PPO/GRPO step (`trainer.algorithms.rl_step`)::
+A `Runtime` builds and owns what every algorithm needs: the tokenizer and prompt data, the worker groups
+(actor + rollout + reference, critic, reward model), the reward manager, the loggers, the phase timer, the
+training monitor, the KL controller and the checkpoints. It does no work of an algorithm: the steps
+(`trainer.steps`, `trainer.validation`) generate, score, decode and validate through it, and
+`trainer.fit.fit` runs a step function over it::
 
-    with start_ray(config), RLTrainer(config) as trainer:
-        trainer.fit(my_step)          # or trainer.fit() for the configured PPO/GRPO
+    with start_ray(config), Runtime(config) as runtime:
+        fit(runtime, rl_step)          # or a recipe's own step function
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-
-import torch
 
 from hybridflow.algos import build_kl_controller
 from hybridflow.checkpoint import Checkpoint, CheckpointStore, training_state_bytes
@@ -31,38 +27,34 @@ from hybridflow.metrics.monitor import TrainingMonitor
 from hybridflow.metrics.startup import StartupTimer
 from hybridflow.protocol import Batch
 from hybridflow.rewards import RewardManager
-from hybridflow.rollout.sampling import SamplingParams
-from trainer.algorithms import rl_step
 from trainer.config import RunConfig, config_to_dict, derive_sizes
-from trainer.fit import StepFn, fit
 from trainer.model_setup import load_tokenizer, prepare_model_dir
-from trainer.roles import build_pools, load_worker_groups, reward_settings, start_worker_groups
-from trainer.steps import decode_responses
-from workers.actor import MODEL_INPUTS
+from trainer.roles import build_pools, load_worker_groups, start_worker_groups
 from workers.rollout_store import RolloutStore
 
-__all__ = ["RLTrainer"]
+__all__ = ["Runtime"]
 
 log = logging.getLogger(__name__)
 
 
-class RLTrainer:
-    """The runtime of a run: builds the data, the worker groups, the reward manager and the loggers from
-    ``config``; `fit` runs a step function over them.
+class Runtime:
+    """The resources of one run, built from ``config``: data, worker groups, reward manager, loggers.
 
     Args:
         config: the validated run config.
         worker_classes: a recipe's own worker class for a role, by role name (``actor_rollout``,
             ``critic``, ``reward_model``): a subclass of the shipped class (`ActorRolloutRefWorker`,
             `CriticWorker`, `RewardModelWorker`), built with the same arguments, whose new
-            ``@register``'ed methods the step function can call on ``trainer.actor`` (or
-            ``trainer.critic``, ``trainer.reward_model``).
-        startup_s: seconds of start-up parts that ran before the trainer, by part name (such as
-            ``{"ray": start_ray(...).seconds}``); they open the trainer's start-up report.
+            ``@register``'ed methods the step function can call on ``runtime.actor`` (or
+            ``runtime.critic``, ``runtime.reward_model``).
+        startup_s: seconds of start-up parts that ran before the runtime, by part name (such as
+            ``{"ray": start_ray(...).seconds}``); they open the start-up report.
 
     Attributes:
         actor, critic, reward_model: the worker groups (``critic`` and ``reward_model`` may be None).
-        step: the last step started (0 before training; a resumed run starts at its checkpoint's).
+        total_steps: the run's length in steps (``trainer.total_steps``, else ``trainer.total_epochs``
+            epochs of prompts); the learning-rate schedule and the progress bar span it.
+        step: the last step started (`begin_step`; 0 before training; `resume` sets a checkpoint's).
         timer: times the phases of the current step.
         monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
             learning (`hybridflow.metrics.monitor`).
@@ -75,8 +67,8 @@ class RLTrainer:
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
             slowest rank's model load and FSDP2 wrap; ``critic`` and ``reward_model`` likewise),
             ``engine`` (the rest of the load call: the rollout engine's start; the reward workers start
-            alongside), ``loggers``; `fit`
-            adds ``resume`` and ``validation`` and logs ``startup/*`` once, before the first step.
+            alongside), ``loggers``; `trainer.fit.fit` adds ``resume`` and ``validation`` and logs
+            ``startup/*`` once, before the first step.
 
     Use as a context manager (or call `close`) so worker processes and reward workers stop.
     """
@@ -125,7 +117,9 @@ class RLTrainer:
             else None
         )
         self.timer = PhaseTimer()
-        self.monitor = TrainingMonitor(config.monitor)
+        self.monitor = TrainingMonitor(
+            config.monitor, optimizer_steps_per_batch=self.sizes.actor.optimizer_steps_per_step
+        )
         self.step = 0
         self.step_metrics: dict[str, float] = {}
         self.kept_rollouts = RolloutStore(self.tokenizer.pad_token_id)
@@ -136,7 +130,7 @@ class RLTrainer:
         # leaves nothing running.
         with ExitStack() as resources:
             # The reward functions resolve here: a wrong name fails before any worker process starts.
-            self.reward = RewardManager(reward_settings(config))
+            self.reward = RewardManager(config.reward)
             resources.callback(self.reward.close)
             self.startup.lap("reward")
             self.pools = build_pools(config)
@@ -173,12 +167,13 @@ class RLTrainer:
             self._resources = resources.pop_all()
         self._prompts = self._prompt_stream()
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the step's data
 
-    def fit(self, step_fn: StepFn | None = None) -> dict[str, float]:
-        """Train to ``total_steps`` with ``step_fn`` (default: the config's PPO/GRPO step); returns the
-        last validation metrics (empty without validation). See `trainer.fit.fit`."""
-        return fit(self, step_fn or rl_step)
+    def begin_step(self) -> int:
+        """Start the next step: ``step`` goes up by one and ``step_metrics`` starts empty; returns the step."""
+        self.step += 1
+        self.step_metrics = {}
+        return self.step
 
     def next_prompts(self) -> Batch:
         """The next ``data.train_batch_size`` prompts, epoch after epoch; the data position is saved with
@@ -188,97 +183,6 @@ class RLTrainer:
     def record(self, metrics: Mapping[str, float]) -> None:
         """Add ``metrics`` to the current step's metrics (a later value of a key replaces an earlier)."""
         self.step_metrics.update(metrics)
-
-    # ------------------------------------------------------------------ scoring
-
-    def score(self, rollouts: Batch) -> tuple[Batch, dict[str, float]]:
-        """Score decoded ``rollouts`` (with ``response_text``): the reward functions of ``reward``, plus
-        the reward model when ``reward_model`` is configured.
-
-        Returns a Batch with ``scores [batch]`` and ``token_level_scores [batch, response_len]`` (the
-        score at the last valid response token, 0 elsewhere), and the reward metrics. With a reward
-        model, ``scores = rule_scores + reward_model.weight * rm_scores``, both columns included, and
-        the metrics gain ``reward/model_mean|std|min|max`` and ``reward/model_time_s``.
-        """
-        scored = self.reward(rollouts)
-        metrics = scored.meta.pop("reward_metrics")
-        rule = scored.select("scores", "token_level_scores", meta=False)
-        if self.reward_model is None:
-            return rule, metrics
-        settings = self.config.reward_model
-        assert settings is not None
-        columns = [*MODEL_INPUTS, *(("raw_prompt", "response_text") if settings.tokenizer else ())]
-        started = time.perf_counter()
-        model = self.reward_model.compute_rm_score(rollouts.select(*columns, meta=False))
-        rm_scores = model["rm_scores"].float()
-        metrics.update(
-            {
-                "reward/model_mean": rm_scores.mean().item(),
-                "reward/model_std": rm_scores.std(unbiased=False).item(),
-                "reward/model_min": rm_scores.min().item(),
-                "reward/model_max": rm_scores.max().item(),
-                "reward/model_time_s": time.perf_counter() - started,
-            }
-        )
-        # Both token-level columns hold their score at the last valid response token, so their
-        # weighted sum holds the combined score there, as the rule scores alone do.
-        combined = Batch(
-            {
-                "scores": rule["scores"] + settings.weight * rm_scores,
-                "token_level_scores": rule["token_level_scores"]
-                + settings.weight * model["token_level_rm_scores"].float(),
-                "rule_scores": rule["scores"],
-                "rm_scores": rm_scores,
-            }
-        )
-        return combined, metrics
-
-    # ------------------------------------------------------------------ validation
-
-    def validate(self) -> dict[str, float]:
-        """Greedy (by default) answers to every validation prompt: accuracy, mean score, length.
-
-        ``val/accuracy`` is the share of rows whose reward-function score is at least 1 (the reward
-        model's score does not count towards it); ``val/score_mean`` is the mean of the scores the
-        training steps use, the reward model's included (and then ``val/model_score_mean``).
-        """
-        assert self.val_data is not None
-        val = self.config.rollout.val_sampling
-        sampling = SamplingParams(
-            n=val.n,
-            temperature=val.temperature,
-            top_p=val.top_p,
-            top_k=val.top_k,
-            max_new_tokens=self.config.data.max_response_length,
-            seed=self.config.rollout.seed,
-        )
-        loader = PromptLoader(
-            self.val_data,
-            self.config.data.val_batch_size,
-            self.tokenizer.pad_token_id,
-            shuffle=False,
-            drop_last=False,
-        )
-        scores, rule_scores, rm_scores, lengths = [], [], [], []
-        for prompts in loader:
-            rollouts = self.actor.generate_sequences(prompts, sampling)
-            rollouts = rollouts | decode_responses(rollouts, self.tokenizer)
-            scored, _ = self.score(rollouts)
-            scores.append(scored["scores"])
-            rule_scores.append(scored["rule_scores"] if "rule_scores" in scored else scored["scores"])
-            if "rm_scores" in scored:
-                rm_scores.append(scored["rm_scores"])
-            lengths.append(rollouts["response_lengths"].float())
-        score = torch.cat(scores)
-        metrics = {
-            "val/accuracy": (torch.cat(rule_scores) >= 1.0).float().mean().item(),
-            "val/score_mean": score.mean().item(),
-            "val/response_length_mean": torch.cat(lengths).mean().item(),
-            "val/samples": float(len(score)),
-        }
-        if rm_scores:
-            metrics["val/model_score_mean"] = torch.cat(rm_scores).mean().item()
-        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -303,13 +207,22 @@ class RLTrainer:
         store = CheckpointStore(self.config.trainer.checkpoint_dir)
         return store.save(self.step, state, write_parts, size_hint)
 
-    def _maybe_resume(self) -> None:
+    def resume(self) -> Checkpoint | None:
+        """Load the checkpoint ``trainer.resume`` names (``auto``: the newest complete one under
+        ``trainer.checkpoint_dir``, skipping torn folders with a warning; ``disable``: none) and return it,
+        or None on a fresh start.
+
+        Loading brings back the actor's (and critic's) weights, optimizer and schedule, the data position,
+        the KL coefficient and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the
+        loggers drop the records of the steps this run logs again, so each step appears once.
+        """
         resume = self.config.trainer.resume
+        store = CheckpointStore(self.config.trainer.checkpoint_dir)
         checkpoint = None
         if resume == "auto":
-            checkpoint = self._latest_checkpoint()
+            checkpoint = store.latest()
         elif resume != "disable":
-            checkpoint = CheckpointStore(self.config.trainer.checkpoint_dir).load(resume)
+            checkpoint = store.load(resume)
         if checkpoint is not None:
             self.actor.load_checkpoint(str(checkpoint.path / "actor"))
             if self.critic is not None:
@@ -322,13 +235,8 @@ class RLTrainer:
                 self.monitor.load_state_dict(checkpoint.state["monitor"])
             self.step = checkpoint.step
             log.warning("resumed from %s at step %d", checkpoint.path, self.step)
-        # The run logs every step after its start again: records of those steps from an earlier run in
-        # this output folder go, so each step appears once (a fresh start keeps none).
         self.logger.rewind(self.step + 1 if checkpoint is not None else 0)
-
-    def _latest_checkpoint(self) -> Checkpoint | None:
-        # Skips (with a warning naming each) newer folders that are incomplete or torn.
-        return CheckpointStore(self.config.trainer.checkpoint_dir).latest()
+        return checkpoint
 
     # ------------------------------------------------------------------ helpers
 
@@ -348,7 +256,7 @@ class RLTrainer:
         """
         self._resources.close()
 
-    def __enter__(self) -> RLTrainer:
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,1 @@
+"""The dapo recipe (`python -m recipes.dapo.main`); README.md describes it."""

@@ -1,0 +1,1 @@
+"""The grpo recipe (`python -m recipes.grpo.main`); README.md describes it."""

@@ -1,0 +1,1 @@
+"""The intuitor recipe (`python -m recipes.intuitor.main`); README.md describes it."""

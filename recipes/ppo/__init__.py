@@ -1,0 +1,1 @@
+"""The ppo recipe (`python -m recipes.ppo.main`); README.md describes it."""

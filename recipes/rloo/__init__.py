@@ -1,0 +1,1 @@
+"""The rloo recipe (`python -m recipes.rloo.main`); README.md describes it."""
