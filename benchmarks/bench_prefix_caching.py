@@ -36,15 +36,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "recipes" / "re2"))
 
-from re2_prefixes import continuation_prompts, cut_lengths  # noqa: E402
 
 from hybridflow.data.char_tokenizer import build_char_tokenizer  # noqa: E402
 from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
 from hybridflow.parallel.launch import run_ranks  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
 from hybridflow.rollout import RolloutConfig, SamplingParams, build_rollout_engine  # noqa: E402
+from recipes.re2.re2_prefixes import continuation_prompts, cut_lengths  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 from hybridflow.models import load_causal_lm
 from hybridflow.parallel.launch import run_ranks
 from hybridflow.rollout import RolloutConfig, SamplingParams, build_rollout_engine, response_log_probs
-from tests.recipes._load import load_recipe
+from recipes.re2.re2_prefixes import continuation_prompts
 from tests.rollout import _tiny
 
 pytest.importorskip("vllm")
@@ -27,9 +27,6 @@ RATIOS = (0.2, 0.5, 0.8)  # each row's prefix: this share of its greedy sample's
 
 
 def _continuation_checks(rank: int, world_size: int, model_dir: Path) -> dict[str, Any]:
-    load_recipe("re2")
-    from re2_prefixes import continuation_prompts
-
     config = RolloutConfig(
         name="vllm",
         kv_cache_memory_bytes=64 << 20,
