@@ -21,6 +21,9 @@ __all__ = ["PromptDataset", "read_prompt_rows"]
 
 logger = logging.getLogger(__name__)
 
+# Filtered rows named in the warning; the rest are counted.
+_ROWS_NAMED = 5
+
 
 def read_prompt_rows(
     path: str | os.PathLike[str], prompt_key: str = "prompt", cache_dir: str | None = None
@@ -96,7 +99,9 @@ class PromptDataset(Dataset):
         if empty is not None:
             # Generation needs at least one token to continue from.
             where, row = origins[empty]
-            raise RowFormatError(row, "prompt", "renders to no tokens with the tokenizer's chat template", where)
+            raise RowFormatError(
+                row, "prompt", "renders to no tokens with the tokenizer's chat template", where
+            )
 
         self.max_prompt_length = max_prompt_length
         self.num_loaded = len(rows)
@@ -106,13 +111,16 @@ class PromptDataset(Dataset):
         self.num_filtered = len(self.filtered_indices)
         if self.num_filtered:
             longest = max(len(token_ids[i]) for i in self.filtered_indices)
+            named = [f"{origins[i][0]} row {origins[i][1]}" for i in self.filtered_indices[:_ROWS_NAMED]]
+            more = f" and {self.num_filtered - _ROWS_NAMED} more" if self.num_filtered > _ROWS_NAMED else ""
             logger.warning(
-                "filtered %d of %d prompts longer than max_prompt_length=%d tokens (longest %d) from %s",
+                "filtered %d of %d prompts longer than max_prompt_length=%d tokens (longest %d): %s%s",
                 self.num_filtered,
                 self.num_loaded,
                 max_prompt_length,
                 longest,
-                [str(p) for p in paths],
+                ", ".join(named),
+                more,
             )
         dropped = set(self.filtered_indices)
         self._items = [

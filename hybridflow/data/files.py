@@ -53,6 +53,13 @@ def read_rows(path: str | os.PathLike[str], cache_dir: str | None = None) -> lis
     try:
         return datasets.Dataset.from_parquet(str(path), keep_in_memory=True, cache_dir=cache_dir).to_list()
     except Exception as error:
+        if _caused_by(error, UnicodeDecodeError):
+            where = _first_invalid_text(path)
+            if where is not None:
+                row, field, reason = where
+                raise DataFileError(
+                    f"file {str(path)!r} row {row} field {field!r}: not UTF-8 text ({reason})"
+                ) from error
         # datasets reports "An error occurred while generating the dataset"; the reason is its cause.
         reason = error.__cause__ or error
         detail = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
@@ -60,6 +67,55 @@ def read_rows(path: str | os.PathLike[str], cache_dir: str | None = None) -> lis
     finally:
         if bars_were_on:
             enable_progress_bars()
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_invalid_text(path: Path) -> tuple[int, str, str] | None:
+    """``(row, field, reason)`` of the first text value of a parquet file that is not UTF-8 (a field
+    inside a struct or list named like ``reward_model.ground_truth`` or ``prompt[0].content``), or
+    None if every text value decodes. Reads the file with pyarrow, which does not decode on reading."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    for name in table.column_names:
+        for row, scalar in enumerate(table.column(name)):
+            found = _invalid_text_in(scalar, name)
+            if found is not None:
+                return row, *found
+    return None
+
+
+def _invalid_text_in(scalar: Any, field: str) -> tuple[str, str] | None:
+    import pyarrow as pa
+
+    if not scalar.is_valid:
+        return None
+    if isinstance(scalar, pa.StructScalar):
+        for key in scalar.type:
+            found = _invalid_text_in(scalar[key.name], f"{field}.{key.name}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(scalar, pa.ListScalar | pa.LargeListScalar):
+        for i, item in enumerate(scalar.values):
+            found = _invalid_text_in(item, f"{field}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(scalar, pa.StringScalar | pa.LargeStringScalar):
+        try:
+            scalar.as_py()
+        except UnicodeDecodeError as error:
+            return field, f"{error.reason} at byte {error.start}"
+    return None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ field             required    meaning
 ``data_source``   yes         str; selects the reward function (e.g. ``"synthetic/arithmetic"``)
 ``prompt``        yes         non-empty list of chat messages ``{"role": str, "content": str}``, at
                               least one of them with text (not only white space)
-``reward_model``  yes         dict with ``ground_truth`` (any non-null value) and optionally ``style``
-                              (str, ``"rule"`` or ``"model"``)
+``reward_model``  yes         dict with ``ground_truth`` and optionally ``style`` (str, ``"rule"`` or
+                              ``"model"``); ``ground_truth`` is text, a number, or a list or dict of
+                              them (nested, None allowed inside); bytes and other objects are refused
 ``ability``       no          str, a free label such as ``"math"``
 ``extra_info``    no          dict of anything else (``split``, ``index``, task parameters...)
 ================  ==========  =========================================================================
@@ -17,6 +18,7 @@ field             required    meaning
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +51,38 @@ def _check_messages(messages: Any, row: int, where: str) -> None:
                 raise RowFormatError(row, f"prompt[{i}].{key}", f"must be a string, got {got}", where)
     if not any(message["content"].strip() for message in messages):
         # Nothing to answer; with a template that only joins the contents it is a prompt of no tokens.
-        raise RowFormatError(row, "prompt", "has no text: every message's content is empty or white space", where)
+        raise RowFormatError(
+            row, "prompt", "has no text: every message's content is empty or white space", where
+        )
+
+
+def _check_ground_truth(value: Any, field: str, row: int, where: str) -> None:
+    # Reward functions compare text and numbers; anything else reaches them as its repr (bytes as
+    # "b'105'") and scores a valid 0 on every row, which no counter sees.
+    if value is None or isinstance(value, str | numbers.Real):
+        return
+    if isinstance(value, bytes | bytearray | memoryview):
+        shown = bytes(value[:20])
+        raise RowFormatError(
+            row,
+            field,
+            f"is bytes ({shown!r}{'...' if len(value) > 20 else ''}), not text: a reward function would "
+            "compare its repr; store it as a string (decoded) column",
+            where,
+        )
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_ground_truth(item, f"{field}[{i}]", row, where)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RowFormatError(row, field, f"has a key {key!r} that is not a string", where)
+            _check_ground_truth(item, f"{field}.{key}", row, where)
+        return
+    raise RowFormatError(
+        row, field, f"must be text, a number, or a list or dict of them, got {type(value).__name__}", where
+    )
 
 
 def validate_row(row: Mapping[str, Any], index: int, where: str = "") -> None:
@@ -75,6 +108,7 @@ def validate_row(row: Mapping[str, Any], index: int, where: str = "") -> None:
         )
     if reward_model.get("ground_truth") is None:
         raise RowFormatError(index, "reward_model.ground_truth", "is missing", where)
+    _check_ground_truth(reward_model["ground_truth"], "reward_model.ground_truth", index, where)
     style = reward_model.get("style")
     if style is not None and not isinstance(style, str):
         raise RowFormatError(

@@ -70,7 +70,10 @@ def test_long_prompts_are_filtered_counted_and_logged(tmp_path, hf_cache, tokeni
     assert dataset.filtered_indices == (1, 3)
     assert [dataset[i]["index"] for i in range(len(dataset))] == [0, 2, 4]
     assert all(len(dataset[i]["input_ids"]) <= 30 for i in range(len(dataset)))
-    assert "filtered 2 of 5 prompts" in caplog.text
+    assert (
+        f"filtered 2 of 5 prompts longer than max_prompt_length=30 tokens (longest 49): {path} row 1, {path} row 3"
+        in caplog.text
+    )
 
 
 def test_all_prompts_too_long_is_an_error(tmp_path, hf_cache, tokenizer):
