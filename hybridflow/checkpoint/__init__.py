@@ -13,8 +13,13 @@ See :mod:`hybridflow.checkpoint.store` (folders, saving, the resume search),
 """
 
 from hybridflow.checkpoint.disk import free_bytes, is_disk_full, tree_bytes
-from hybridflow.checkpoint.errors import CheckpointError, DiskFullError, IncompleteCheckpointError
-from hybridflow.checkpoint.marker import MARKER_FILE, read_marker, write_marker
+from hybridflow.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    DiskFullError,
+    IncompleteCheckpointError,
+)
+from hybridflow.checkpoint.marker import MARKER_FILE, file_checksum, read_marker, write_marker
 from hybridflow.checkpoint.sizing import training_state_bytes
 from hybridflow.checkpoint.store import Checkpoint, CheckpointStore
 
@@ -23,8 +28,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
+    "CorruptCheckpointError",
     "DiskFullError",
     "IncompleteCheckpointError",
+    "file_checksum",
     "free_bytes",
     "is_disk_full",
     "read_marker",

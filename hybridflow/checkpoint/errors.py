@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-__all__ = ["CheckpointError", "DiskFullError", "IncompleteCheckpointError"]
+__all__ = ["CheckpointError", "CorruptCheckpointError", "DiskFullError", "IncompleteCheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -20,10 +20,30 @@ class IncompleteCheckpointError(CheckpointError):
         reason: what is wrong with it, e.g. ``trainer_state.pt is empty (0 bytes)``.
     """
 
+    _STATE = "incomplete"
+
     def __init__(self, path: Path, reason: str) -> None:
         self.path = Path(path)
         self.reason = reason
-        super().__init__(f"checkpoint {self.path} is incomplete: {reason}")
+        super().__init__(f"checkpoint {self.path} is {self._STATE}: {reason}")
+
+
+class CorruptCheckpointError(IncompleteCheckpointError):
+    """A checkpoint folder whose files are all there with their sizes, but one of them no longer has
+    the checksum it was written with (bits flipped or zeroed on the disk, a copy gone wrong).
+    Skipped on resume like an incomplete one.
+
+    Attributes:
+        path: the checkpoint folder.
+        file: the changed file, relative to the folder.
+        reason: what is wrong, naming the file.
+    """
+
+    _STATE = "corrupt"
+
+    def __init__(self, path: Path, file: str, reason: str) -> None:
+        self.file = file
+        super().__init__(path, reason)
 
 
 class DiskFullError(OSError):

@@ -82,7 +82,8 @@ class CheckpointStore:
         """The checkpoint in folder ``path``, after checking that it is complete.
 
         Raises:
-            IncompleteCheckpointError: naming the folder and what is wrong with it.
+            IncompleteCheckpointError: naming the folder and what is wrong with it
+                (`CorruptCheckpointError` for a file whose checksum changed, naming the file).
         """
         path = Path(path)
         if not path.is_dir():
@@ -94,7 +95,8 @@ class CheckpointStore:
         """The newest complete checkpoint under ``root`` (None if there is none).
 
         Newer folders that are incomplete (a save cut short, a torn or empty marker, a missing file)
-        are skipped, each with a warning naming it and what is wrong.
+        or corrupt (a file whose CRC-32 changed since it was written) are skipped, each with a warning
+        naming it and what is wrong.
         """
         for _, path in sorted(self._step_folders(), reverse=True):
             try:
