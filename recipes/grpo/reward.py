@@ -14,7 +14,7 @@ from hybridflow.rewards import think_answer_format_reward
 from hybridflow.rewards.extract import answers_equal, extract_answer_tag
 
 FORMAT_WEIGHT = 0.1
-"""Below 1, so ``score >= 1`` still means "correct" (what ``RLTrainer.validate`` counts as accuracy)."""
+"""Below 1, so ``score >= 1`` still means "correct" (what ``trainer.validation.validate`` counts as accuracy)."""
 
 
 def accuracy_reward(

@@ -1,4 +1,4 @@
-"""A reward model as a reward source in the trainer: real Ray, gloo, FSDP2 and vLLM on 2 CPU ranks.
+"""A reward model as a reward source in training: real Ray, gloo, FSDP2 and vLLM on 2 CPU ranks.
 
 The run's scores are checked row by row against a single-process reference: the reward function
 computed here plus ``reward_model.weight`` times the Hugging Face classifier's output at the last token
