@@ -38,7 +38,7 @@ from hybridflow.protocol import Batch  # noqa: E402
 from hybridflow.resharding.manager import ReshardingConfig  # noqa: E402
 from hybridflow.rollout.config import RolloutConfig  # noqa: E402
 from workers.actor import ActorRolloutRefWorker  # noqa: E402
-from workers.config import ActorConfig, ModelConfig, OptimConfig  # noqa: E402
+from workers.config import ActorConfig, ActorDerived, RefConfig  # noqa: E402
 
 ROWS, MICRO_ROWS, CLIP = 256, 64, 0.2
 
@@ -92,11 +92,11 @@ def main() -> None:
     save_model_dir(model, tokenizer, model_dir)
     batch = grpo_batch(ROWS // 8, 8, 6, 16, 0.0, len(tokenizer))
     config = ActorConfig(
-        mini_batch_size=ROWS, micro_batch_size=MICRO_ROWS, optim=OptimConfig(lr=1e-4, weight_decay=0.0)
+        ppo_mini_batch_size=ROWS, ppo_micro_batch_size=MICRO_ROWS, lr=1e-4, weight_decay=0.0, param_dtype=args.dtype
     )
+    derived = ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False)
     actor = ActorRolloutRefWorker(
-        ModelConfig(path=str(model_dir), param_dtype=args.dtype), config, RolloutConfig(name="hf"),
-        ReshardingConfig(), with_ref=False,
+        config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived
     )  # fmt: skip
     actor.init_model()
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

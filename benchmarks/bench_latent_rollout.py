@@ -33,7 +33,13 @@ import torch.distributed as dist
 from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
-from hybridflow.rollout import HFRolloutEngine, RolloutConfig, SamplingParams, build_rollout_engine
+from hybridflow.rollout import (
+    EngineDerived,
+    HFRolloutEngine,
+    RolloutConfig,
+    SamplingParams,
+    build_rollout_engine,
+)
 from recipes.latent_grpo.latent import LatentSampling
 from recipes.latent_grpo.rollout import latent_rollout
 from recipes.latent_grpo.task import END_OF_THINKING
@@ -117,15 +123,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as model_dir:
         save_model_dir(model, tokenizer, model_dir)
         config = RolloutConfig(
-            name="vllm",
-            max_model_len=64,
-            kv_cache_memory_bytes=256 << 20,
+            engine="vllm",
+            kv_cache_bytes=256 << 20,
             max_num_seqs=max(rows, 8),
             enable_prompt_embeds=True,
             cache_dir=str(CACHE_DIR),
         )
         start = time.perf_counter()
-        vllm = build_rollout_engine(config, model_dir)
+        vllm = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=64))
         print(f"vllm: engine start {time.perf_counter() - start:.1f} s")
         vllm_out, vllm_s = timed_rollout(
             vllm, embedding, prompts, sampling, latent, tokenizer.eos_token_id, args.repeats

@@ -225,30 +225,13 @@ class _PeakSampler:
 
 
 def _build_workers(config, model_dir: Path) -> tuple[Any, Any]:
-    """The actor and critic workers with the arguments `trainer.roles.build_worker_groups` gives them."""
+    """The actor and critic workers with the arguments `trainer.roles.role_specs` gives them."""
     from trainer.config import derive_sizes
-    from trainer.roles import (
-        actor_rollout_options,
-        actor_settings,
-        critic_settings,
-        engine_settings,
-        model_settings,
-        resharding_settings,
-    )
-    from workers.actor import ActorRolloutRefWorker
-    from workers.critic import CriticWorker
+    from trainer.roles import role_specs
 
-    sizes, steps = derive_sizes(config), config.trainer.total_steps
-    actor = ActorRolloutRefWorker(
-        model_settings(config, config.actor, model_dir),
-        actor_settings(config, sizes, steps),
-        engine_settings(config),
-        resharding_settings(config),
-        **actor_rollout_options(config),
-    )
-    critic = (
-        CriticWorker(critic_settings(config, sizes, steps, model_dir)) if config.critic is not None else None
-    )
+    specs = role_specs(config, derive_sizes(config), config.trainer.total_steps, model_dir)
+    actor = specs["actor_rollout"].cls(*specs["actor_rollout"].args)
+    critic = specs["critic"].cls(*specs["critic"].args) if "critic" in specs else None
     return actor, critic
 
 

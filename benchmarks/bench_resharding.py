@@ -94,7 +94,7 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         current_memory_bytes,
         return_freed_host_memory,
     )
-    from hybridflow.rollout import RolloutConfig, SamplingParams, build_rollout_engine
+    from hybridflow.rollout import EngineDerived, RolloutConfig, SamplingParams, build_rollout_engine
 
     cpu = torch.device("cpu")
     tp = opts["tp"]
@@ -118,15 +118,15 @@ def _rank_job(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     engine = build_rollout_engine(
         RolloutConfig(
-            name="vllm",
-            tensor_parallel_size=tp,
+            engine="vllm",
+            tp_size=tp,
             cache_dir=str(CACHE_DIR),
-            kv_cache_memory_bytes=opts["kv_cache_mb"] * MIB,
-            max_model_len=128,
+            kv_cache_bytes=opts["kv_cache_mb"] * MIB,
             max_num_seqs=16,
             enforce_eager=opts["enforce_eager"],
         ),
         model_dir,
+        EngineDerived(max_model_len=128),
     )
     engine_init_s = time.perf_counter() - start
     engine.release()  # start in the training layout, as the actor worker does

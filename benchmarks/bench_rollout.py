@@ -35,6 +35,7 @@ from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.parallel import local_device_plan
 from hybridflow.protocol import Batch
 from hybridflow.rollout import (
+    EngineDerived,
     HFRolloutEngine,
     RolloutConfig,
     RolloutEngine,
@@ -138,17 +139,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as model_dir:
             save_model_dir(model, None, model_dir)
             config = RolloutConfig(
-                name="vllm",
-                dtype=args.dtype,
+                engine="vllm",
                 seed=args.seed,
-                max_model_len=64 + args.max_new_tokens,
-                kv_cache_memory_bytes=args.kv_cache_mib << 20,
+                kv_cache_bytes=args.kv_cache_mib << 20,
                 max_num_seqs=args.max_num_seqs,
                 enforce_eager=args.enforce_eager,
                 cache_dir=str(CACHE_DIR),
             )
             start = time.perf_counter()
-            engine = build_rollout_engine(config, model_dir, eos_token_ids=(EOS,), pad_token_id=PAD)
+            derived = EngineDerived(dtype=args.dtype, max_model_len=64 + args.max_new_tokens)
+            engine = build_rollout_engine(config, model_dir, derived, eos_token_ids=(EOS,), pad_token_id=PAD)
             print(f"vllm: engine start {time.perf_counter() - start:.1f} s")
             tokens, seconds = timed_generate(engine, prompts, sampling)
         results["vllm"] = tokens / seconds

@@ -38,7 +38,7 @@ from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rollout.config import RolloutConfig
 from workers.actor import ActorRolloutRefWorker
-from workers.config import ActorConfig, ModelConfig, OptimConfig
+from workers.config import ActorConfig, ActorDerived, RefConfig
 from workers.training import balanced_update_order
 
 
@@ -72,12 +72,12 @@ def actor_group(model_dir: Path, config: ActorConfig, name: str):
     spec = RoleSpec(
         ActorRolloutRefWorker,
         (
-            ModelConfig(path=str(model_dir), param_dtype="float32"),
             config,
-            RolloutConfig(name="hf"),
+            RefConfig(),
+            RolloutConfig(engine="hf"),
             ReshardingConfig(bucket_bytes=4 << 20),
+            ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False),
         ),
-        {"with_ref": False},
     )
     group = create_colocated_worker_groups(pool, {"actor": spec}, name=name)["actor"]
     group.init_model()
@@ -116,9 +116,11 @@ def main() -> None:
     model_dir = save_model_dir(model, tokenizer, work / "policy")
     rows = args.prompts * args.n
     common = {
-        "optim": OptimConfig(lr=1e-4, grad_clip=1.0),
-        "mini_batch_size": rows,
-        "micro_batch_size": args.micro_batch_size,
+        "lr": 1e-4,
+        "grad_clip": 1.0,
+        "param_dtype": "float32",
+        "ppo_mini_batch_size": rows,
+        "ppo_micro_batch_size": args.micro_batch_size,
         "forward_micro_batch_size": args.micro_batch_size,
     }
     ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(work / "ray"), logging_level="WARNING")

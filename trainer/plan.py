@@ -54,9 +54,9 @@ from trainer.config import (
     OptimizedRoleConfig,
     RunConfig,
     derive_sizes,
+    derive_values,
     load_config,
 )
-from trainer.roles import actor_settings, engine_settings
 
 __all__ = ["VLLM_CPU_RUNTIME_BYTES", "main", "plan_memory", "policy_shape"]
 
@@ -205,8 +205,8 @@ class _Planner:
         self.master = _ITEMSIZE[config.model.dtype]
         self.shape = policy_shape(config)
         self.actor = _Model(self.shape, parameter_shapes(self.shape, "lm"), self.sizes.world_size)
-        self.actor_settings = actor_settings(config, self.sizes, 1)
-        self.engine = engine_settings(config)
+        # The engine's dtype and length; the planner starts no worker, so no model directory is needed.
+        self.engine = derive_values(config, self.sizes, total_steps=1, model_dir="").actor.engine
         self.critic = (
             _Model(self.shape, parameter_shapes(self.shape, "value"), self.sizes.critic.world_size)
             if config.critic is not None and self.sizes.critic is not None
@@ -264,9 +264,9 @@ class _Planner:
 
     def engine_resident(self, generating: bool) -> dict[str, int]:
         """The engine's weights, runtime and cache as they stand in or out of generation."""
-        engine, tp = self.engine, self.sizes.rollout_tp_size
-        itemsize = _ITEMSIZE[engine.dtype]
-        if engine.name == "hf":
+        engine, derived, tp = self.config.rollout, self.engine, self.sizes.rollout_tp_size
+        itemsize = _ITEMSIZE[derived.dtype]
+        if engine.engine == "hf":
             # transformers' generate keeps its cache only while it runs; its model never leaves.
             out = {"engine weights": sum(_numel(d) for d in self.actor.params.values()) * itemsize}
             if generating:
@@ -283,25 +283,25 @@ class _Planner:
         if not self.on_gpu:
             out["engine runtime"] = VLLM_CPU_RUNTIME_BYTES
         if not released:
-            out["KV cache"] = engine.kv_cache_memory_bytes
+            out["KV cache"] = engine.kv_cache_bytes
         return out
 
     def hf_cache_bytes(self) -> int:
-        engine, data = self.engine, self.config.data
-        rows = self.sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
+        engine, data = self.config.rollout, self.config.data
+        rows = self.sizes.prompts_per_rollout_dp_rank * engine.n
         return hf_generate_cache_bytes(
             self.shape,
             min(engine.hf_max_batch_rows, rows),
             data.max_prompt_length,
             data.max_response_length,
-            _ITEMSIZE[engine.dtype],
+            _ITEMSIZE[self.engine.dtype],
         )
 
     # ---------------------------------------------------------------- phases
 
     def generation(self, roles: list[str]) -> list[PhaseMemory]:
-        engine, sizes, data = self.engine, self.sizes, self.config.data
-        itemsize = _ITEMSIZE[engine.dtype]
+        engine, sizes, data = self.config.rollout, self.sizes, self.config.data
+        itemsize = _ITEMSIZE[self.engine.dtype]
         rows = sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
         # Streamed tensors are gathered whole (FSDP2 pads dim 0 to the world) in the engine's dtype.
         streamed = (
@@ -311,7 +311,7 @@ class _Planner:
         shape, tp = self.shape, sizes.rollout_tp_size
         reload = (
             engine_reload_bytes(shape, tp, itemsize, host_prepack=not self.on_gpu)
-            if engine.name == "vllm"
+            if engine.engine == "vllm"
             else 0
         )
         push = {
@@ -320,9 +320,9 @@ class _Planner:
             "engine reload copies": reload,
         }
         sampling = self.resident(roles, "generation", "sampling")
-        if engine.name == "vllm":
+        if engine.engine == "vllm":
             batched = engine.max_num_batched_tokens or max(
-                _VLLM_CPU_BATCHED_TOKENS * tp, engine.max_model_len
+                _VLLM_CPU_BATCHED_TOKENS * tp, self.engine.max_model_len
             )
             step_tokens = min(batched, rows * data.max_prompt_length)
             sampling["engine activations"] = engine_activation_bytes(
@@ -344,7 +344,7 @@ class _Planner:
         out["gathered params"] = model.gathered(compute, 2 if self.on_gpu else 1)
         out["activations"] = forward_temporary_bytes(model.shape, tokens, compute)
         if head == "lm":
-            chunk = self.actor_settings.logit_chunk_size
+            chunk = self.config.actor.logit_chunk_size
             out["logits"] = logit_head_bytes(
                 model.shape.vocab_size, tokens, chunk, with_grad=False, with_entropy=False
             )
@@ -387,7 +387,7 @@ class _Planner:
         common = {**resident, grads_key: accumulated, "gathered params": model.gathered(compute, 2)}
         moments = []
         if head == "lm":
-            chunk = self.actor_settings.logit_chunk_size
+            chunk = self.config.actor.logit_chunk_size
             logits = logit_head_bytes(
                 model.shape.vocab_size, tokens, chunk, with_grad=True, with_entropy=with_entropy
             )
@@ -434,18 +434,18 @@ class _Planner:
         return moments
 
     def phases(self, roles: list[str]) -> tuple[PhaseMemory, ...]:
-        config, actor, settings = self.config, self.config.actor, self.actor_settings
+        config, actor, ref = self.config, self.config.actor, self.config.ref
         actor_forward = _Batching(
-            settings.forward_micro_batch_size,
-            settings.max_tokens_per_micro_batch is not None,
-            settings.max_tokens_per_micro_batch or 0,
+            actor.forward_micro_batch_size,
+            actor.dynamic_batching,
+            actor.max_tokens_per_micro_batch,
             actor.param_dtype,
         )
         # The reference policy computes in the actor's precision with the ref section's batching.
         ref_forward = _Batching(
-            settings.ref_forward_micro_batch_size,
-            settings.ref_max_tokens_per_micro_batch is not None,
-            settings.ref_max_tokens_per_micro_batch or 0,
+            ref.forward_micro_batch_size,
+            ref.dynamic_batching,
+            ref.max_tokens_per_micro_batch,
             actor.param_dtype,
         )
         phases = [peak_moment(self.generation(roles))]

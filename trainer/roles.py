@@ -1,10 +1,12 @@
-"""From a `RunConfig` to running worker groups: pools, role settings, placement."""
+"""From a `RunConfig` to running worker groups: pools, placement, and each role started on its own
+config sections plus the values derived for it (`trainer.config.derive_values`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
+from hybridflow.config_fields import FrozenMap
 from hybridflow.controller import (
     RayWorkerGroup,
     ResourcePool,
@@ -13,174 +15,20 @@ from hybridflow.controller import (
     create_worker_groups,
     shutdown_worker_groups,
 )
-from hybridflow.resharding.manager import ReshardingConfig
-from hybridflow.rewards import RewardConfig as RewardManagerConfig
-from hybridflow.rewards import ShapingSpec
-from hybridflow.rollout.config import RolloutConfig as EngineConfig
-from trainer.config import GLOBAL_POOL, DerivedSizes, OptimizedRoleConfig, RunConfig
-from trainer.config.frozen import FrozenMap
+from trainer.config import GLOBAL_POOL, DerivedSizes, RunConfig, derive_values
 from workers.actor import ActorRolloutRefWorker
-from workers.config import ActorConfig, CriticConfig, ModelConfig, OptimConfig
-from workers.config import RewardModelConfig as RewardModelWorkerConfig
 from workers.critic import CriticWorker
 from workers.reward_model import RewardModelWorker
 
 __all__ = [
     "SHIPPED_WORKER_CLASSES",
-    "actor_rollout_options",
-    "actor_settings",
     "build_pools",
     "build_worker_groups",
-    "critic_settings",
-    "engine_settings",
     "load_worker_groups",
-    "model_settings",
-    "resharding_settings",
-    "reward_model_settings",
-    "reward_settings",
+    "role_specs",
     "start_worker_groups",
     "worker_class",
 ]
-
-
-def _optim(role: OptimizedRoleConfig, total_updates: int) -> OptimConfig:
-    return OptimConfig(
-        lr=role.lr,
-        weight_decay=role.weight_decay,
-        betas=tuple(role.betas),
-        grad_clip=role.grad_clip or 0.0,
-        schedule=role.lr_scheduler,
-        warmup_steps=role.warmup_steps,
-        total_steps=max(1, total_updates),
-        min_lr_ratio=role.min_lr_ratio,
-    )
-
-
-def model_settings(config: RunConfig, role: OptimizedRoleConfig, model_dir: Path) -> ModelConfig:
-    """The model a trained role (``config.actor`` or ``config.critic``) loads from ``model_dir``."""
-    return ModelConfig(
-        path=str(model_dir),
-        dtype=config.model.dtype,
-        activation_checkpointing=role.activation_checkpointing,
-        param_dtype=role.param_dtype,
-    )
-
-
-def actor_settings(config: RunConfig, sizes: DerivedSizes, total_steps: int) -> ActorConfig:
-    """The actor worker's settings; the LR schedule spans the optimizer steps of ``total_steps``."""
-    actor = config.actor
-    return ActorConfig(
-        optim=_optim(actor, total_steps * sizes.actor.optimizer_steps_per_step),
-        mini_batch_size=actor.ppo_mini_batch_size,
-        micro_batch_size=actor.ppo_micro_batch_size,
-        forward_micro_batch_size=actor.forward_micro_batch_size,
-        max_tokens_per_micro_batch=actor.max_tokens_per_micro_batch if actor.dynamic_batching else None,
-        ref_forward_micro_batch_size=config.ref.forward_micro_batch_size,
-        ref_max_tokens_per_micro_batch=(
-            config.ref.max_tokens_per_micro_batch if config.ref.dynamic_batching else None
-        ),
-        epochs=actor.ppo_epochs,
-        shuffle=actor.shuffle,
-        seed=config.data.seed,
-        policy_loss=actor.policy_loss,
-        policy_loss_params=actor.policy_loss_params(),
-        loss_agg_mode=actor.loss_agg_mode,
-        loss_norm_constant=float(config.data.max_response_length),
-        entropy_coef=actor.entropy_coef,
-        kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else 0.0,
-        kl_estimator=actor.kl_estimator,
-        skip_zero_advantage_rows=actor.skip_zero_advantage_rows,
-        rollout_correction=actor.rollout_correction,
-        rollout_correction_cap=actor.rollout_correction_cap,
-    )
-
-
-def critic_settings(
-    config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: Path
-) -> CriticConfig:
-    """The critic worker's settings: a value head on the policy's own backbone."""
-    critic = config.critic
-    assert critic is not None and sizes.critic is not None
-    return CriticConfig(
-        model=model_settings(config, critic, model_dir),
-        optim=_optim(critic, total_steps * sizes.critic.optimizer_steps_per_step),
-        mini_batch_size=critic.ppo_mini_batch_size,
-        micro_batch_size=critic.ppo_micro_batch_size,
-        forward_micro_batch_size=critic.forward_micro_batch_size,
-        max_tokens_per_micro_batch=critic.max_tokens_per_micro_batch if critic.dynamic_batching else None,
-        epochs=critic.ppo_epochs,
-        shuffle=critic.shuffle,
-        seed=config.data.seed,
-        cliprange_value=critic.cliprange_value,
-        loss_agg_mode=critic.loss_agg_mode,
-        loss_norm_constant=float(config.data.max_response_length),
-    )
-
-
-def reward_model_settings(config: RunConfig) -> RewardModelWorkerConfig:
-    """The reward-model worker's settings. It re-tokenises from the ``raw_prompt`` and ``response_text``
-    columns when ``reward_model.tokenizer`` is set."""
-    reward_model = config.reward_model
-    assert reward_model is not None and reward_model.path is not None
-    return RewardModelWorkerConfig(
-        model=ModelConfig(
-            path=reward_model.path, dtype=config.model.dtype, param_dtype=reward_model.param_dtype
-        ),
-        micro_batch_size=reward_model.forward_micro_batch_size,
-        max_tokens_per_micro_batch=(
-            reward_model.max_tokens_per_micro_batch if reward_model.dynamic_batching else None
-        ),
-        tokenizer_path=reward_model.tokenizer,
-        prompt_column="raw_prompt",
-        response_column="response_text",
-    )
-
-
-def engine_settings(config: RunConfig) -> EngineConfig:
-    rollout = config.rollout
-    return EngineConfig(
-        name=rollout.engine,
-        tensor_parallel_size=rollout.tp_size,
-        dtype=rollout.dtype or config.model.dtype,
-        seed=rollout.seed,
-        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
-        kv_cache_memory_bytes=rollout.kv_cache_bytes,
-        max_num_seqs=rollout.max_num_seqs,
-        max_num_batched_tokens=rollout.max_num_batched_tokens,
-        enforce_eager=rollout.enforce_eager,
-        cache_dir=rollout.cache_dir,
-    )
-
-
-def reward_settings(config: RunConfig) -> RewardManagerConfig:
-    reward = config.reward
-    return RewardManagerConfig(
-        num_workers=reward.num_workers,
-        timeout_s=reward.timeout_s,
-        fallback_score=reward.fallback_score,
-        default_fn=reward.default_fn,
-        fn_by_source=dict(reward.fn_by_source),
-        shaping=tuple(ShapingSpec(s.name, dict(s.kwargs)) for s in reward.shaping),
-        kill_grace_s=reward.kill_grace_s,
-        abort_failure_rate=reward.abort_failure_rate,
-        abort_window=reward.abort_window,
-    )
-
-
-def resharding_settings(config: RunConfig) -> ReshardingConfig:
-    """How the actor's weights switch layout: the gather buffer, the actor's offload choices, the KV cache."""
-    return ReshardingConfig(
-        bucket_bytes=config.resharding.bucket_bytes,
-        offload_optimizer=config.actor.optimizer_offload,
-        offload_params=config.actor.param_offload,
-        free_kv_cache=config.resharding.free_kv_cache,
-    )
-
-
-def actor_rollout_options(config: RunConfig) -> dict[str, bool]:
-    """Keyword arguments of the actor/rollout worker: whether it holds the reference policy, and whether
-    that copy waits in host memory between uses."""
-    return {"with_ref": config.needs_reference, "offload_ref": config.ref.param_offload}
 
 
 def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
@@ -239,6 +87,33 @@ def build_worker_groups(
     return groups
 
 
+def role_specs(
+    config: RunConfig,
+    sizes: DerivedSizes,
+    total_steps: int,
+    model_dir: Path,
+    worker_classes: Mapping[str, type[Worker]] = FrozenMap(),
+) -> dict[str, RoleSpec]:
+    """How each role the run needs is constructed: its class (`worker_class`), its config sections and
+    the values derived for it. The actor/rollout worker takes ``actor``, ``ref``, ``rollout``,
+    ``resharding`` and `ActorDerived`; the critic ``critic`` and `CriticDerived`; the reward model
+    ``reward_model`` and ``model.dtype``."""
+    values = derive_values(config, sizes, total_steps, model_dir)
+    roles = {
+        "actor_rollout": RoleSpec(
+            worker_class("actor_rollout", worker_classes),
+            (config.actor, config.ref, config.rollout, config.resharding, values.actor),
+        )
+    }
+    if config.critic is not None and values.critic is not None:
+        roles["critic"] = RoleSpec(worker_class("critic", worker_classes), (config.critic, values.critic))
+    if config.reward_model is not None:
+        roles["reward_model"] = RoleSpec(
+            worker_class("reward_model", worker_classes), (config.reward_model, config.model.dtype)
+        )
+    return roles
+
+
 def start_worker_groups(
     config: RunConfig,
     sizes: DerivedSizes,
@@ -255,20 +130,7 @@ def start_worker_groups(
     gets processes of its own. If any start fails, every process started here is stopped before the
     error propagates (the pools' placement groups stay: they belong to the caller).
     """
-    model = model_settings(config, config.actor, model_dir)
-    roles = {
-        "actor_rollout": RoleSpec(
-            worker_class("actor_rollout", worker_classes),
-            (model, actor_settings(config, sizes, total_steps), engine_settings(config), resharding_settings(config)),
-            actor_rollout_options(config),
-        )
-    }
-    if config.critic is not None:
-        roles["critic"] = RoleSpec(
-            worker_class("critic", worker_classes), (critic_settings(config, sizes, total_steps, model_dir),)
-        )
-    if config.reward_model is not None:
-        roles["reward_model"] = RoleSpec(worker_class("reward_model", worker_classes), (reward_model_settings(config),))
+    roles = role_specs(config, sizes, total_steps, model_dir, worker_classes)
     unused = sorted(set(worker_classes) - set(roles))
     if unused:
         raise ValueError(f"worker_classes names role(s) {unused} that this run does not start")

@@ -4,7 +4,7 @@ Each rank holds:
 
 - the **actor**: the policy as an FSDP2 model over all ranks (the training layout), its AdamW
   optimizer and learning-rate schedule;
-- the **rollout engine** (vLLM or HF), tensor-parallel within groups of ``rollout.tensor_parallel_size``
+- the **rollout engine** (vLLM or HF), tensor-parallel within groups of ``rollout.tp_size``
   ranks (the inference layout);
 - the **reference policy**: a second FSDP2 model, frozen, optionally kept in host memory between uses.
 
@@ -15,7 +15,6 @@ into the engine and gives the memory back afterwards. Two meshes are published t
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
-from workers.config import ActorConfig, ModelConfig
+from workers.config import ActorConfig, ActorDerived, RefConfig
 from workers.objective import ActorLoss, skips_zero_advantage_rows
 from workers.rollout_store import HELD_COLUMNS, RolloutKeep, RolloutStore
 from workers.training import (
@@ -125,12 +124,12 @@ class ActorRolloutRefWorker(Worker):
     """The policy in both layouts, plus the reference policy.
 
     Args:
-        model: the policy's Hugging Face directory and precision.
-        actor: training settings (optimizer, batching, default loss).
-        rollout: engine settings.
-        resharding: bucket size and offload choices of the layout switch.
-        with_ref: also hold a frozen reference copy of the initial policy.
-        offload_ref: keep the reference model's shards in host memory between uses.
+        actor: the ``actor`` section (optimizer, batching, precision, offloading).
+        ref: the ``ref`` section (its forwards' batching, host-memory offload between uses).
+        rollout: the ``rollout`` section (the engine).
+        resharding: the ``resharding`` section (bucket size, KV cache) of the layout switch.
+        derived: the model directory, the default loss, the schedule's span, whether to hold the
+            reference policy, the engine's dtype and length (``trainer.config.derive_values``).
     """
 
     rollout_store: RolloutStore | None = None
@@ -139,29 +138,29 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(
         self,
-        model: ModelConfig,
         actor: ActorConfig,
+        ref: RefConfig,
         rollout: RolloutConfig,
         resharding: ReshardingConfig,
-        with_ref: bool = True,
-        offload_ref: bool = False,
+        derived: ActorDerived,
     ) -> None:
         super().__init__()
-        self.model_config = model
         self.actor_config = actor
+        self.ref_config = ref
         self.rollout_config = rollout
         self.resharding_config = resharding
-        self.with_ref = with_ref
-        self.offload_ref = offload_ref
-        self.meshes = build_meshes(self.world_size, rollout.tensor_parallel_size, self.device_plan.device_type)
+        self.derived = derived
+        self.with_ref = derived.with_ref
+        self.offload_ref = ref.param_offload
+        self.meshes = build_meshes(self.world_size, rollout.tp_size, self.device_plan.device_type)
         self.register_device_mesh("infer", self.meshes.infer, dp_dim="dp")
         self.update_steps = 0
 
     # ------------------------------------------------------------------ set-up
 
     def _load_sharded(self, trainable: bool) -> nn.Module:
-        config = self.model_config
-        model = load_causal_lm(config.path, getattr(torch, config.dtype)).to(self.device)
+        config = self.actor_config
+        model = load_causal_lm(self.derived.model_path, getattr(torch, self.derived.dtype)).to(self.device)
         # Packed rows need per-sequence attention; plain sdpa would build a dense mask over all of
         # a micro-batch's tokens (measured 3.6x slower for the log-prob pass on a 25M model).
         model.set_attn_implementation(self.device_plan.attn_implementation(config.param_dtype))
@@ -178,21 +177,26 @@ class ActorRolloutRefWorker(Worker):
         """Load and shard the actor (and reference), build the optimizer and the rollout engine."""
         start = time.perf_counter()
         self.model = self._load_sharded(trainable=True)
-        self.optimizer = build_optimizer(self.model, self.actor_config.optim)
-        self.scheduler = build_lr_scheduler(self.optimizer, self.actor_config.optim)
+        self.optimizer = build_optimizer(self.model, self.actor_config)
+        self.scheduler = build_lr_scheduler(self.optimizer, self.actor_config, self.derived.optimizer_steps)
         self.ref_model = self._load_sharded(trainable=False) if self.with_ref else None
         if self.ref_model is not None and self.offload_ref:
             offload_fsdp_params(self.ref_model)
         loaded = time.perf_counter()
-        self.engine = build_rollout_engine(self.rollout_config, self.model_config.path, device=self.device)
+        engine = self.derived.engine
+        self.engine = build_rollout_engine(self.rollout_config, self.derived.model_path, engine, device=self.device)
         # The manager starts in the training layout: the engine's cache is given back until needed.
         if self.resharding_config.free_kv_cache:
             self.engine.release()
-        weight_dtype = getattr(torch, self.rollout_config.dtype)
-        if self.resharding_config.weight_dtype is None:
-            self.resharding_config = dataclasses.replace(self.resharding_config, weight_dtype=weight_dtype)
         self.resharder = ReshardingManager(
-            self.model, self.engine, self.optimizer, self.resharding_config, self.device
+            self.model,
+            self.engine,
+            self.optimizer,
+            self.resharding_config,
+            self.device,
+            offload_params=self.actor_config.param_offload,
+            offload_optimizer=self.actor_config.optimizer_offload,
+            weight_dtype=getattr(torch, engine.dtype),
         )
         return {"init/load_s": loaded - start, "init/engine_s": time.perf_counter() - loaded}
 
@@ -338,7 +342,7 @@ class ActorRolloutRefWorker(Worker):
         with torch.no_grad():
             config = self.actor_config
             out = self._token_stats(
-                self.model, batch, temperature, stats, config.forward_micro_batch_size, config.max_tokens_per_micro_batch
+                self.model, batch, temperature, stats, config.forward_micro_batch_size, config.token_budget
             )
         reshard_all(self.model)
         return Batch({_stat_column(name): value for name, value in out.values.items()})
@@ -359,8 +363,8 @@ class ActorRolloutRefWorker(Worker):
                 batch,
                 temperature,
                 ("log_prob",),
-                self.actor_config.ref_forward_micro_batch_size,
-                self.actor_config.ref_max_tokens_per_micro_batch,
+                self.ref_config.forward_micro_batch_size,
+                self.ref_config.token_budget,
             )
         reshard_all(self.ref_model)
         if self.offload_ref:
@@ -382,7 +386,7 @@ class ActorRolloutRefWorker(Worker):
         ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``;
         ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS` of rows kept at generation.
         ``temperature`` is the one the responses were sampled with.
-        ``loss_fn`` defaults to the actor config's `PolicyObjective` (``ActorConfig.objective``). Each
+        ``loss_fn`` defaults to the run's `PolicyObjective` (``ActorDerived.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
         does not depend on the micro-batch size or the number of ranks. Returns metrics averaged over
         mini-batches.
@@ -404,22 +408,22 @@ class ActorRolloutRefWorker(Worker):
         batch = self._with_held_columns(batch)
         config = self.actor_config
         if loss_fn is None:
-            # Resolved on the controller: a recipe's registered functions came with the config.
-            loss_fn = config.objective
+            # Resolved on the controller: a recipe's registered functions came with it.
+            loss_fn = self.derived.objective
         on_policy = "old_log_probs" not in batch
-        if on_policy and (config.epochs != 1 or config.mini_batch_size < len(batch) * self.world_size):
+        if on_policy and (config.ppo_epochs != 1 or config.ppo_mini_batch_size < len(batch) * self.world_size):
             raise ValueError(
                 "update_actor: the batch has no old_log_probs, which is only valid for one on-policy "
-                f"optimizer step, but epochs={config.epochs} and mini_batch_size={config.mini_batch_size} "
-                f"< {len(batch) * self.world_size} rows; run compute_log_prob first"
+                f"optimizer step, but actor.ppo_epochs={config.ppo_epochs} and actor.ppo_mini_batch_size="
+                f"{config.ppo_mini_batch_size} < {len(batch) * self.world_size} rows; run compute_log_prob first"
             )
         skip = skips_zero_advantage_rows(config.skip_zero_advantage_rows, loss_fn)
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for epoch in range(config.epochs):
-            seed = config.seed + 1000 * self.update_steps + epoch
-            for mini in mini_batches(batch, config.mini_batch_size, self.world_size, config.shuffle, seed):
+        for epoch in range(config.ppo_epochs):
+            seed = self.derived.seed + 1000 * self.update_steps + epoch
+            for mini in mini_batches(batch, config.ppo_mini_batch_size, self.world_size, config.shuffle, seed):
                 for key, value in self._train_mini_batch(mini, loss_fn, temperature, on_policy, skip).items():
                     totals[key] += value
                 steps += 1
@@ -440,7 +444,7 @@ class ActorRolloutRefWorker(Worker):
         global_seqs = global_sum(len(mini))
         keep = carries_advantage(mini) if skip else torch.ones(len(mini), dtype=torch.bool, device=mask.device)
         counts = {"metric_tokens": global_sum(mask[keep].sum())} if skip else {}
-        parts = update_micro_batches(mini, keep, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        parts = update_micro_batches(mini, keep, config.ppo_micro_batch_size, config.token_budget)
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
         gap = LogProbGap()
@@ -456,7 +460,7 @@ class ActorRolloutRefWorker(Worker):
             (loss * self.world_size).backward()
             for key, value in metrics.items():
                 local[key] += value
-        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.optim.grad_clip)
+        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.grad_clip)
         metrics = {key: global_sum(value) for key, value in sorted(local.items())}
         metrics.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
         if on_policy and "rollout_log_probs" in mini:
@@ -492,7 +496,7 @@ class ActorRolloutRefWorker(Worker):
         full = self.gather_full_state()
         if full is None:
             return
-        source = self.model_config.path
+        source = self.derived.model_path
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
         model.load_state_dict(full)
         target.mkdir(parents=True, exist_ok=True)

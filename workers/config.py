@@ -1,240 +1,262 @@
-"""Settings of the worker roles, as frozen dataclasses (the trainer's config sections use them)."""
+"""The worker roles' sections of a run config (``actor``, ``critic``, ``ref``, ``reward_model``), which
+are the workers' own settings, and what each role takes from outside its section (`ActorDerived`,
+`CriticDerived`: computed once by ``trainer.config.derive_values``, never written back).
+
+docs/config.md describes every key. Batch sizes count rows (responses), not prompts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from hybridflow.algos import AGGREGATION_MODES
-from workers.objective import PolicyObjective, SkipSetting, skips_zero_advantage_rows
+from hybridflow.config_fields import Dtype, FrozenMap, check_bounds, config_field
+from hybridflow.rollout.config import EngineDerived
+from workers.objective import PolicyObjective
 
-__all__ = ["ActorConfig", "CriticConfig", "ModelConfig", "OptimConfig", "RewardModelConfig"]
+__all__ = [
+    "ActorConfig",
+    "ActorDerived",
+    "CriticConfig",
+    "CriticDerived",
+    "OptimizedRoleConfig",
+    "RefConfig",
+    "RewardModelConfig",
+]
 
-_DTYPES = ("float32", "bfloat16", "float16")
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which model a role loads.
-
-    Attributes:
-        path: a Hugging Face model directory (config, weights, tokenizer).
-        dtype: dtype of the FSDP2 master weights (``float32`` recommended; mixed precision is separate).
-        activation_checkpointing: recompute each decoder layer in backward instead of storing it.
-        param_dtype: compute dtype under FSDP2 mixed precision; ``None`` is the worker's default
-            (`hybridflow.parallel.DevicePlan`: bf16 on GPU, fp32 on CPU). Set ``"float32"`` for exact
-            comparisons.
-    """
-
-    path: str = ""
-    dtype: str = "float32"
-    activation_checkpointing: bool = False
-    param_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("dtype", "param_dtype"):
-            value = getattr(self, key)
-            if value is not None and value not in _DTYPES:
-                raise ValueError(f"model.{key} must be one of {_DTYPES}, got {value!r}")
+def _loss_argument(default: Any, **bounds: float) -> Any:
+    """An actor field passed by its name to the policy loss when it is not null
+    (`ActorConfig.policy_loss_params`); the rules refuse one set for a loss that does not take it."""
+    spec = config_field(default, **bounds)
+    return dataclasses.field(default=default, metadata={**spec.metadata, "loss_argument": True})
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    """AdamW and its learning-rate schedule.
+class OptimizedRoleConfig:
+    """Settings shared by the roles that train (actor, critic): optimizer, batching, precision.
 
-    Attributes:
-        lr: peak learning rate.
-        weight_decay: AdamW decoupled weight decay.
-        betas: AdamW betas.
-        grad_clip: max global gradient norm; ``0`` disables clipping (the norm is still reported).
-        schedule: ``"constant"``, ``"linear"`` (decay to 0) or ``"cosine"`` (decay to ``min_lr_ratio``).
-        warmup_steps: optimizer steps of linear warm-up from 0.
-        total_steps: optimizer steps the schedule spans (for linear and cosine).
-        min_lr_ratio: the cosine schedule's floor, as a fraction of ``lr``.
+    ``ppo_mini_batch_size`` rows across all ranks make one optimizer step; ``ppo_micro_batch_size`` rows
+    on one rank make one forward/backward. With ``dynamic_batching`` the micro-batches are instead
+    packed up to ``max_tokens_per_micro_batch`` tokens per rank. ``forward_micro_batch_size`` is the
+    per-rank row count of no-grad forwards (log-probs, values). ``lr_scheduler``: ``constant``,
+    ``linear`` (decay to 0) or ``cosine`` (decay to ``min_lr_ratio``) after
+    ``warmup_steps`` optimizer steps of linear warm-up from 0. ``grad_clip`` null disables clipping
+    (the norm is still reported). ``param_dtype`` null is the device's default compute dtype (bf16 on
+    GPU, fp32 on CPU; `hybridflow.parallel.DevicePlan`). ``use_packing`` packs each micro-batch's valid
+    tokens into one row (no compute on padding).
     """
 
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int = 0
-    min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.schedule must be constant, linear or cosine, got {self.schedule!r}")
-        if self.schedule != "constant" and self.total_steps <= 0:
-            raise ValueError(f"optim.total_steps must be > 0 for the {self.schedule} schedule")
-        object.__setattr__(self, "betas", tuple(self.betas))
-
-
-@dataclass(frozen=True)
-class ActorConfig:
-    """How the actor trains.
-
-    Attributes:
-        optim: optimizer settings.
-        mini_batch_size: rows (samples, not prompts) per optimizer step, over all ranks.
-        micro_batch_size: rows per forward/backward on one rank (gradient accumulation in between);
-            ignored when ``max_tokens_per_micro_batch`` is set.
-        forward_micro_batch_size: rows per no-grad forward on one rank (log-probs).
-        max_tokens_per_micro_batch: dynamic micro-batching: each micro-batch holds at most this many
-            valid tokens per rank.
-        ref_forward_micro_batch_size: rows per forward of the reference policy on one rank
-            (``compute_ref_log_prob``); ignored when ``ref_max_tokens_per_micro_batch`` is set.
-        ref_max_tokens_per_micro_batch: dynamic micro-batching of the reference forward, in valid
-            tokens per rank.
-        epochs: passes over each step's rollouts.
-        shuffle: shuffle rows between mini-batches (seeded by ``seed``).
-        seed: seed of the shuffle.
-        use_packing: pack valid tokens into one row (no compute on padding).
-        logit_chunk_size: tokens whose logits exist at once in the log-prob head (bounds memory).
-        policy_loss: registered policy-loss name (``hybridflow.algos.POLICY_LOSSES``).
-        policy_loss_params: extra keyword arguments of the policy loss (e.g. clip ranges).
-        loss_agg_mode: registered aggregation mode.
-        loss_norm_constant: the constant of ``seq-mean-token-sum-norm`` (e.g. the max response length).
-        entropy_coef: weight of the entropy bonus.
-        kl_loss_coef: weight of a KL-to-reference term in the loss (0 disables it).
-        kl_estimator: registered KL estimator for the KL loss.
-        skip_zero_advantage_rows: leave rows whose advantage is zero at every token out of the update's
-            forward and backward (the gradient is unchanged): ``"auto"`` where that is exact, ``True``
-            (refused with a KL loss, an entropy bonus or a covariance-based loss) or ``False``; see
-            `workers.objective.skips_zero_advantage_rows`.
-        rollout_correction: ``"none"``, ``"token"`` or ``"sequence"``: truncated importance weights of
-            the trainer's log-probs against the engine's ``rollout_log_probs`` on the policy loss
-            (`hybridflow.algos.rollout_correction`).
-        rollout_correction_cap: the truncation of those weights.
-
-    The three registered names are resolved when the config is built (`objective`), so build it in
-    the controller process: a recipe's own policy loss, aggregation mode or KL estimator then reaches
-    the workers with the config, and an unknown name fails here, listing the valid ones.
-    """
-
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size: int = 64
-    micro_batch_size: int = 4
-    forward_micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int | None = None
-    ref_forward_micro_batch_size: int = 8
-    ref_max_tokens_per_micro_batch: int | None = None
-    epochs: int = 1
+    lr: float = config_field(1e-6, gt=0)
+    lr_scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = config_field(0, ge=0)
+    min_lr_ratio: float = config_field(0.0, ge=0, le=1)
+    weight_decay: float = config_field(0.01, ge=0)
+    betas: tuple[float, ...] = (0.9, 0.999)
+    grad_clip: float | None = config_field(1.0, gt=0)
+    ppo_mini_batch_size: int = config_field(64, ge=1)
+    ppo_micro_batch_size: int = config_field(4, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = config_field(8192, ge=1)
+    forward_micro_batch_size: int = config_field(8, ge=1)
+    ppo_epochs: int = config_field(1, ge=1)
     shuffle: bool = False
-    seed: int = 0
+    param_dtype: Dtype | None = None
+    activation_checkpointing: bool = False
     use_packing: bool = True
-    logit_chunk_size: int | None = 1024
+
+    @property
+    def token_budget(self) -> int | None:
+        """Valid tokens per micro-batch and rank under ``dynamic_batching``; None without it."""
+        return self.max_tokens_per_micro_batch if self.dynamic_batching else None
+
+
+@dataclass(frozen=True)
+class ActorConfig(OptimizedRoleConfig):
+    """The ``actor`` section: the policy update. Names are checked against the ``hybridflow.algos``
+    registries when the config loads.
+
+    ``clip_eps_low``/``clip_eps_high`` bound the ratio to ``[1 - low, 1 + high]``; ``dual_clip_c``
+    (> 1) caps the loss of negative-advantage tokens. Null leaves each at the chosen loss's own default
+    (``ppo_clip`` 0.2, ``gspo`` 3e-4/4e-4, ``gmpo`` 0.4, ...; docs/algorithms.md); a value is passed
+    only to a loss that takes it. ``policy_loss_kwargs`` passes any other keyword argument of the
+    chosen policy loss (e.g. ``tau_neg`` of ``sapo``), and overrides the three clip keys for it.
+    ``kl_estimator`` and ``kl_loss_coef`` apply when ``use_kl_loss`` is true. ``skip_zero_advantage_rows``
+    leaves rows with zero advantage at every token out of the update (``auto``: where the gradient is
+    provably unchanged; ``true`` is refused with a KL loss, an entropy bonus or a covariance-based loss;
+    `workers.objective.skips_zero_advantage_rows`). ``rollout_correction`` (``token``, ``sequence``)
+    weights the policy loss by truncated importance weights, capped at ``rollout_correction_cap``, of
+    the trainer's log-probs against the engine's. ``param_offload``/``optimizer_offload`` move the
+    parameter shards and the optimizer state to host memory while the engine generates.
+    ``logit_chunk_size`` positions of logits are materialised at once in the log-prob forwards (null:
+    all of them).
+    """
+
+    param_offload: bool = False
+    optimizer_offload: bool = False
     policy_loss: str = "ppo_clip"
-    policy_loss_params: dict[str, Any] = field(default_factory=dict)
+    clip_eps_low: float | None = _loss_argument(None, ge=0)
+    clip_eps_high: float | None = _loss_argument(None, ge=0)
+    dual_clip_c: float | None = _loss_argument(None, gt=1)
     loss_agg_mode: str = "token-mean"
-    loss_norm_constant: float | None = None
-    entropy_coef: float = 0.0
-    kl_loss_coef: float = 0.0
+    entropy_coef: float = config_field(0.0, ge=0)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = config_field(0.001, ge=0)
     kl_estimator: str = "k3"
-    skip_zero_advantage_rows: SkipSetting = "auto"
-    rollout_correction: str = "none"
-    rollout_correction_cap: float = 2.0
+    policy_loss_kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
+    skip_zero_advantage_rows: Literal["auto", True, False] = "auto"
+    rollout_correction: Literal["none", "token", "sequence"] = "none"
+    rollout_correction_cap: float = config_field(2.0, gt=0)
+    logit_chunk_size: int | None = config_field(1024, ge=1)
 
     def __post_init__(self) -> None:
-        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "ref_forward_micro_batch_size", "epochs"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
-        objective = PolicyObjective(
+        check_bounds(self, "actor")
+
+    def loss_arguments(self) -> dict[str, Any]:
+        """The fields passed by name to the policy loss (the clip keys), null ones included."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("loss_argument")}
+
+    def policy_loss_params(self) -> dict[str, Any]:
+        """The loss arguments this config sets (not null), then ``policy_loss_kwargs``, as the policy
+        loss's keyword arguments: every one left out keeps the loss's own default. The config's rules
+        refuse a set argument that the chosen loss does not take."""
+        given = {name: value for name, value in self.loss_arguments().items() if value is not None}
+        return {**given, **self.policy_loss_kwargs}
+
+    def objective(self, norm_constant: float | None = None) -> PolicyObjective:
+        """The loss `update_actor` minimises by default, its registered functions resolved in this
+        process (build it on the controller, where a recipe's registrations exist).
+
+        Args:
+            norm_constant: the constant of ``seq-mean-token-sum-norm`` (a run's is
+                ``data.max_response_length``).
+        """
+        return PolicyObjective(
             self.policy_loss,
-            dict(self.policy_loss_params),
+            self.policy_loss_params(),
             self.loss_agg_mode,
-            self.loss_norm_constant,
+            norm_constant,
             self.entropy_coef,
-            self.kl_loss_coef,
+            self.kl_loss_coef if self.use_kl_loss else 0.0,
             self.kl_estimator,
             self.rollout_correction,
             self.rollout_correction_cap,
         )
-        # Refused here, on the controller, rather than at the first update.
-        skips_zero_advantage_rows(self.skip_zero_advantage_rows, objective)
-        # Not a field (kept out of equality, repr and config dumps) but pickled with the config.
-        object.__setattr__(self, "_objective", objective)
-
-    @property
-    def objective(self) -> PolicyObjective:
-        """The default loss of ``update_actor``, its functions resolved when this config was built."""
-        return self._objective  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
-class CriticConfig:
-    """How the critic trains (a value head on a causal-LM backbone).
+class CriticConfig(OptimizedRoleConfig):
+    """The ``critic`` section: a value head on the policy's own backbone (required by the ``gae``
+    estimator). ``cliprange_value`` (in the unit of the returns) clips the values around the old ones;
+    null gives the plain squared error.
 
-    Attributes:
-        model: the backbone (a causal-LM directory; its ``lm_head`` is not loaded).
-        optim: optimizer settings.
-        mini_batch_size, micro_batch_size, max_tokens_per_micro_batch, epochs, shuffle, use_packing:
-            as for `ActorConfig`.
-        forward_micro_batch_size: rows per no-grad forward on one rank (``compute_values``); ignored
-            when ``max_tokens_per_micro_batch`` is set.
-        seed: seed of the shuffle and of the value head's initial weights (the same on every rank).
-        cliprange_value: clip range of the PPO clipped value loss, in the unit of the returns;
-            ``None`` gives the plain squared error.
-        loss_agg_mode: registered aggregation of the value loss; resolved when the config is built
-            (`aggregation`), as for `ActorConfig`.
-        loss_norm_constant: the constant of ``seq-mean-token-sum-norm``.
+    Its learning rate defaults higher than the actor's (a freshly initialised value head).
     """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size: int = 64
-    micro_batch_size: int = 4
-    forward_micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int | None = None
-    epochs: int = 1
-    shuffle: bool = False
-    seed: int = 0
-    use_packing: bool = True
-    cliprange_value: float | None = 0.5
+    lr: float = config_field(1e-5, gt=0)
+    cliprange_value: float | None = config_field(0.5, gt=0)
     loss_agg_mode: str = "token-mean"
-    loss_norm_constant: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"critic.{key} must be >= 1, got {getattr(self, key)}")
-        if self.cliprange_value is not None and self.cliprange_value <= 0:
-            raise ValueError(f"critic.cliprange_value must be > 0 or None, got {self.cliprange_value}")
-        object.__setattr__(self, "_aggregation", AGGREGATION_MODES.get(self.loss_agg_mode))
+        check_bounds(self, "critic")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The ``ref`` section: the frozen reference policy, held by the actor's processes when
+    ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``. ``param_offload`` keeps its shards in host
+    memory between uses."""
+
+    forward_micro_batch_size: int = config_field(8, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = config_field(8192, ge=1)
+    param_offload: bool = False
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "ref")
 
     @property
-    def aggregation(self) -> Callable[..., Any]:
-        """The function ``loss_agg_mode`` named when this config was built (pass it as the value loss's
-        ``loss_agg_mode``: unlike the name, it is known in every worker process)."""
-        return self._aggregation  # type: ignore[attr-defined]
+    def token_budget(self) -> int | None:
+        """Valid tokens per forward and rank under ``dynamic_batching``; None without it."""
+        return self.max_tokens_per_micro_batch if self.dynamic_batching else None
 
 
 @dataclass(frozen=True)
 class RewardModelConfig:
-    """How the reward model scores (inference only).
+    """The ``reward_model`` section: a learned reward model scoring each prompt + response, on top of
+    the reward functions of ``reward``.
 
-    Attributes:
-        model: a sequence-classification directory with one label (e.g. ``Qwen2ForSequenceClassification``).
-        micro_batch_size: rows per forward on one rank; ignored when ``max_tokens_per_micro_batch`` is set.
-        max_tokens_per_micro_batch: dynamic micro-batching by valid tokens per rank.
-        use_packing: pack valid tokens into one row (no compute on padding).
-        tokenizer_path: the reward model's tokenizer directory. ``None`` scores the policy's token ids
-            as they are (the two models share a vocabulary). Set, the batch must carry the text
-            columns below, and prompt + response are re-tokenised with this tokenizer.
-        prompt_column: non-tensor column with each prompt: a string, or chat messages rendered with
-            the tokenizer's chat template.
-        response_column: non-tensor column with each decoded response (str).
+    ``path`` is a local Hugging Face sequence-classification directory with one label (e.g.
+    ``Qwen2ForSequenceClassification``). Each row's score is ``reward score + weight * model score``
+    (docs/rewards.md). ``tokenizer`` null scores the policy's token ids as they are (the two models share
+    a vocabulary); a tokenizer directory re-tokenises the prompt and the decoded response instead. The
+    model is FSDP2-sharded over the ranks of its pool; it runs forwards only, ``forward_micro_batch_size``
+    rows per rank, or ``max_tokens_per_micro_batch`` tokens with ``dynamic_batching``. ``param_dtype`` is
+    the compute dtype (null: bf16 on GPU, fp32 on CPU); the weights load in ``model.dtype``.
+    ``use_packing`` packs each forward's valid tokens into one row.
     """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int | None = None
+    path: str | None = None
+    tokenizer: str | None = None
+    weight: float = 1.0
+    forward_micro_batch_size: int = config_field(8, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = config_field(8192, ge=1)
+    param_dtype: Dtype | None = None
     use_packing: bool = True
-    tokenizer_path: str | None = None
-    prompt_column: str = "raw_prompt"
-    response_column: str = "response_text"
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size < 1:
-            raise ValueError(f"reward_model.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        check_bounds(self, "reward_model")
+
+    @property
+    def token_budget(self) -> int | None:
+        """Valid tokens per forward and rank under ``dynamic_batching``; None without it."""
+        return self.max_tokens_per_micro_batch if self.dynamic_batching else None
+
+
+@dataclass(frozen=True)
+class ActorDerived:
+    """What the actor/rollout worker takes from outside its sections.
+
+    Attributes:
+        model_path: the policy's Hugging Face directory (``model.path``, or the tiny model built there).
+        objective: the default loss of ``update_actor`` (`ActorConfig.objective`), resolved on the
+            controller: a recipe's own registered functions travel with it.
+        dtype: the master weights' dtype as loaded (``model.dtype``).
+        optimizer_steps: optimizer steps the learning-rate schedule spans (the run's steps times
+            ``optimizer_steps_per_step``).
+        seed: seed of the mini-batch shuffle (``data.seed``).
+        with_ref: also hold the frozen reference policy (``RunConfig.needs_reference``).
+        engine: the engine's dtype and ``max_model_len``.
+    """
+
+    model_path: str
+    objective: PolicyObjective
+    dtype: Dtype = "float32"
+    optimizer_steps: int = config_field(1, ge=1)
+    seed: int = 0
+    with_ref: bool = True
+    engine: EngineDerived = field(default_factory=EngineDerived)
+
+
+@dataclass(frozen=True)
+class CriticDerived:
+    """What the critic worker takes from outside its section.
+
+    Attributes:
+        model_path: the backbone's directory (the policy's; its ``lm_head`` is not loaded).
+        aggregation: the function ``critic.loss_agg_mode`` names, resolved on the controller (unlike the
+            name, it is known in every worker process).
+        dtype, optimizer_steps, seed: as for `ActorDerived`; the seed also draws the value head's
+            initial weights (the same on every rank).
+        loss_norm_constant: the constant of ``seq-mean-token-sum-norm`` (``data.max_response_length``).
+    """
+
+    model_path: str
+    aggregation: Callable[..., Any]
+    dtype: Dtype = "float32"
+    optimizer_steps: int = config_field(1, ge=1)
+    seed: int = 0
+    loss_norm_constant: float | None = None

@@ -34,7 +34,7 @@ from hybridflow.parallel import (
     unpack_tokens,
 )
 from hybridflow.protocol import Batch
-from workers.config import CriticConfig, ModelConfig
+from workers.config import CriticConfig, CriticDerived
 from workers.training import (
     MODEL_INPUTS,
     build_lr_scheduler,
@@ -112,19 +112,25 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32, seed: int = 
 
 
 def shard_head_model(
-    model: TokenHeadModel, mesh: DeviceMesh, config: ModelConfig, trainable: bool, plan: DevicePlan
+    model: TokenHeadModel,
+    mesh: DeviceMesh,
+    param_dtype: str | None,
+    plan: DevicePlan,
+    *,
+    trainable: bool,
+    activation_checkpointing: bool = False,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2 over ``mesh``: each decoder layer a unit, then the root (embeddings,
-    final norm, head). Activation checkpointing follows ``config``; the compute dtype and the attention
-    follow ``plan`` for ``config.param_dtype``. Attention is a per-sequence (varlen) kind, so packed
-    rows cost no dense mask over a micro-batch's tokens."""
-    model.model.set_attn_implementation(plan.attn_implementation(config.param_dtype))
+    final norm, head). The compute dtype and the attention follow ``plan`` for ``param_dtype`` (None:
+    the device's default); activation checkpointing applies to a trainable model only. Attention is a
+    per-sequence (varlen) kind, so packed rows cost no dense mask over a micro-batch's tokens."""
+    model.model.set_attn_implementation(plan.attn_implementation(param_dtype))
     model.requires_grad_(trainable)
     return shard_model(
         model,
         mesh,
-        mp_policy=plan.mixed_precision(config.param_dtype),
-        activation_checkpointing=config.activation_checkpointing and trainable,
+        mp_policy=plan.mixed_precision(param_dtype),
+        activation_checkpointing=activation_checkpointing and trainable,
     )
 
 
@@ -152,11 +158,17 @@ class CriticWorker(Worker):
     """The value model, FSDP2-sharded over all ranks, with its AdamW optimizer and LR schedule.
 
     Publishes only the ``"world"`` mesh: values and updates are data-parallel over every rank.
+
+    Args:
+        config: the ``critic`` section.
+        derived: the backbone's directory, the resolved loss aggregation, the schedule's span, the seed
+            and the loss's norm constant (``trainer.config.derive_values``).
     """
 
-    def __init__(self, config: CriticConfig) -> None:
+    def __init__(self, config: CriticConfig, derived: CriticDerived) -> None:
         super().__init__()
         self.config = config
+        self.derived = derived
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         self.update_steps = 0
 
@@ -164,13 +176,18 @@ class CriticWorker(Worker):
     def init_model(self) -> dict[str, float]:
         """Load the backbone, add the value head, shard, and build the optimizer and schedule."""
         start = time.perf_counter()
-        model_config = self.config.model
-        model = load_value_model(model_config.path, getattr(torch, model_config.dtype), self.config.seed)
+        config, derived = self.config, self.derived
+        model = load_value_model(derived.model_path, getattr(torch, derived.dtype), derived.seed)
         self.model = shard_head_model(
-            model.to(self.device), self.mesh, model_config, trainable=True, plan=self.device_plan
+            model.to(self.device),
+            self.mesh,
+            config.param_dtype,
+            self.device_plan,
+            trainable=True,
+            activation_checkpointing=config.activation_checkpointing,
         )
-        self.optimizer = build_optimizer(self.model, self.config.optim)
-        self.scheduler = build_lr_scheduler(self.optimizer, self.config.optim)
+        self.optimizer = build_optimizer(self.model, config)
+        self.scheduler = build_lr_scheduler(self.optimizer, config, derived.optimizer_steps)
         return {"init/critic_load_s": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ values
@@ -184,9 +201,7 @@ class CriticWorker(Worker):
         """
         config = self.config
         self.model.eval()
-        parts, restore = micro_batches(
-            batch, config.forward_micro_batch_size, config.max_tokens_per_micro_batch
-        )
+        parts, restore = micro_batches(batch, config.forward_micro_batch_size, config.token_budget)
         with torch.no_grad():
             values = torch.cat(
                 [response_values(self.model, p, config.use_packing) for p in parts]
@@ -199,7 +214,7 @@ class CriticWorker(Worker):
     @register(dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "values", "returns"))
     @on_worker_device
     def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Regress the values on ``returns``: ``epochs`` passes of mini-batches, each an optimizer step.
+        """Regress the values on ``returns``: ``critic.ppo_epochs`` passes of mini-batches, each an optimizer step.
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``, ``values``
         (the predictions the returns were computed with: the clip centre) and ``returns``, all
@@ -212,9 +227,9 @@ class CriticWorker(Worker):
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for epoch in range(config.epochs):
-            seed = config.seed + 1000 * self.update_steps + epoch
-            for mini in mini_batches(batch, config.mini_batch_size, self.world_size, config.shuffle, seed):
+        for epoch in range(config.ppo_epochs):
+            seed = self.derived.seed + 1000 * self.update_steps + epoch
+            for mini in mini_batches(batch, config.ppo_mini_batch_size, self.world_size, config.shuffle, seed):
                 for key, value in self._train_mini_batch(mini).items():
                     totals[key] += value
                 steps += 1
@@ -227,7 +242,7 @@ class CriticWorker(Worker):
         mask = mini["response_mask"]
         global_tokens = global_sum(mask.sum())
         global_seqs = global_sum(mask.bool().any(dim=-1).sum())
-        parts, _ = micro_batches(mini, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        parts, _ = micro_batches(mini, config.ppo_micro_batch_size, config.token_budget)
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
         for part in parts:
@@ -240,10 +255,10 @@ class CriticWorker(Worker):
                 part_mask,
                 cliprange_value=config.cliprange_value,
                 # The function, not the name: a recipe may have registered it in the controller only.
-                loss_agg_mode=config.aggregation,
+                loss_agg_mode=self.derived.aggregation,
                 global_token_count=global_tokens,
                 global_seq_count=global_seqs,
-                norm_constant=config.loss_norm_constant,
+                norm_constant=self.derived.loss_norm_constant,
             )
             # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
             (loss * self.world_size).backward()
@@ -252,7 +267,7 @@ class CriticWorker(Worker):
             local["critic/value_loss"] += loss.item()
             local["critic/vf_clip_frac"] += raw["clip_frac"].item() * part_mask.sum().item() / tokens
             local["critic/values_mean"] += masked_sum(values.detach(), part_mask).item() / tokens
-        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.optim.grad_clip)
+        grad_norm, lr = clip_and_step(self.model, self.optimizer, self.scheduler, config.grad_clip)
         metrics = {key: global_sum(value) for key, value in sorted(local.items())}
         metrics.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
         return metrics

@@ -13,8 +13,8 @@ never change a row's score.
 
 Tokens: by default the policy's token ids are scored as they are, which assumes that the reward model
 shares the policy's vocabulary. A reward model with another tokenizer is given
-``RewardModelConfig.tokenizer_path``; prompt and response are then taken from the batch's text
-columns and re-tokenised (see `reward_model_tokens`).
+``reward_model.tokenizer``; prompt and response are then taken from the batch's text columns
+(`PROMPT_TEXT_COLUMN`, `RESPONSE_TEXT_COLUMN`) and re-tokenised (see `reward_model_tokens`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,20 @@ from workers.config import RewardModelConfig
 from workers.critic import TokenHeadModel, shard_head_model
 from workers.training import MODEL_INPUTS, micro_batches, sequence_inputs
 
-__all__ = ["RewardModelWorker", "load_score_model", "reward_model_tokens", "sequence_scores"]
+__all__ = [
+    "PROMPT_TEXT_COLUMN",
+    "RESPONSE_TEXT_COLUMN",
+    "RewardModelWorker",
+    "load_score_model",
+    "reward_model_tokens",
+    "sequence_scores",
+]
+
+PROMPT_TEXT_COLUMN = "raw_prompt"
+"""Non-tensor column with each prompt when re-tokenising: a string, or chat messages rendered with the
+reward model's chat template."""
+RESPONSE_TEXT_COLUMN = "response_text"
+"""Non-tensor column with each decoded response (str) when re-tokenising."""
 
 
 def load_score_model(path: str, dtype: torch.dtype = torch.float32) -> TokenHeadModel:
@@ -85,11 +98,16 @@ class RewardModelWorker(Worker):
     """A reward model, FSDP2-sharded over all ranks, for inference.
 
     Publishes only the ``"world"`` mesh: scoring is data-parallel over every rank.
+
+    Args:
+        config: the ``reward_model`` section (``path`` set).
+        dtype: the dtype the weights load in (a run's is ``model.dtype``).
     """
 
-    def __init__(self, config: RewardModelConfig) -> None:
+    def __init__(self, config: RewardModelConfig, dtype: str = "float32") -> None:
         super().__init__()
         self.config = config
+        self.dtype = dtype
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
@@ -97,14 +115,15 @@ class RewardModelWorker(Worker):
     def init_model(self) -> dict[str, float]:
         """Load and shard the reward model (and its tokenizer when re-tokenising)."""
         start = time.perf_counter()
-        model_config = self.config.model
-        model = load_score_model(model_config.path, getattr(torch, model_config.dtype))
+        if self.config.path is None:
+            raise ValueError("reward_model.path: required: a local sequence-classification model directory")
+        model = load_score_model(self.config.path, getattr(torch, self.dtype))
         self.model = shard_head_model(
-            model.to(self.device), self.mesh, model_config, trainable=False, plan=self.device_plan
+            model.to(self.device), self.mesh, self.config.param_dtype, self.device_plan, trainable=False
         )
         self.model.eval()
-        if self.config.tokenizer_path is not None:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_path, local_files_only=True)
+        if self.config.tokenizer is not None:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer, local_files_only=True)
         return {"init/reward_model_load_s": time.perf_counter() - start}
 
     @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("rm_scores", "token_level_rm_scores"))
@@ -113,7 +132,7 @@ class RewardModelWorker(Worker):
         """Score each prompt + response.
 
         Input: ``input_ids``/``attention_mask [batch, prompt_len]``, ``responses``/``response_mask
-        [batch, response_len]``; when re-tokenising also the text columns named in the config.
+        [batch, response_len]``; when re-tokenising also `PROMPT_TEXT_COLUMN` and `RESPONSE_TEXT_COLUMN`.
 
         Output: ``rm_scores [batch]`` fp32, the model's score (its unit); ``token_level_rm_scores
         [batch, response_len]`` fp32, that score at the last valid response token and 0 elsewhere (all
@@ -122,7 +141,7 @@ class RewardModelWorker(Worker):
         config = self.config
         # Re-tokenised rows are built on the host; they go where the incoming batch was placed.
         sequences = self._sequences(batch).to(self.device)
-        parts, restore = micro_batches(sequences, config.micro_batch_size, config.max_tokens_per_micro_batch)
+        parts, restore = micro_batches(sequences, config.forward_micro_batch_size, config.token_budget)
         with torch.no_grad():
             scores = torch.cat([sequence_scores(self.model, p, config.use_packing) for p in parts])
         reshard_all(self.model)
@@ -136,11 +155,11 @@ class RewardModelWorker(Worker):
         """The token rows to score, as prompt columns plus response columns."""
         if self.tokenizer is None:
             return batch.select("input_ids", "attention_mask", "responses", "response_mask", meta=False)
-        columns = (self.config.prompt_column, self.config.response_column)
+        columns = (PROMPT_TEXT_COLUMN, RESPONSE_TEXT_COLUMN)
         missing = [c for c in columns if c not in batch.non_tensors]
         if missing:
             raise ValueError(
-                f"reward_model.tokenizer_path is set, so the batch must carry the text columns {missing}; "
+                f"reward_model.tokenizer is set, so the batch must carry the text columns {missing}; "
                 f"it has {batch.keys()}"
             )
         rows = [

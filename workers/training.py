@@ -22,7 +22,7 @@ from hybridflow.parallel import (
     process_group_device_plan,
 )
 from hybridflow.protocol import Batch
-from workers.config import OptimConfig
+from workers.config import OptimizedRoleConfig
 
 __all__ = [
     "MODEL_INPUTS",
@@ -245,7 +245,8 @@ class LogProbGap:
         }
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: OptimizedRoleConfig) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s trainable parameters with the role's ``lr``, ``betas`` and ``weight_decay``."""
     params = [p for p in model.parameters() if p.requires_grad]
     # On CPU torch's default is its per-tensor Python loop; the fused kernel computes the same update
     # (a demo-shaped update: 0.274 s -> 0.254 s, weights equal to 1e-6 after 8 steps). On GPU the
@@ -254,23 +255,26 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(
         params,
         lr=config.lr,
-        betas=config.betas,
+        betas=tuple(config.betas),
         weight_decay=config.weight_decay,
         fused=True if on_cpu else None,
     )
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then constant, linear decay to 0, or cosine decay to ``min_lr_ratio``."""
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, config: OptimizedRoleConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``config.warmup_steps`` of linear warm-up, then ``config.lr_scheduler``: constant, linear decay
+    to 0, or cosine decay to ``min_lr_ratio``, over ``total_steps`` optimizer steps in all."""
 
     def factor(step: int) -> float:
         if step < config.warmup_steps:
             return (step + 1) / config.warmup_steps
-        if config.schedule == "constant":
+        if config.lr_scheduler == "constant":
             return 1.0
-        span = max(1, config.total_steps - config.warmup_steps)
+        span = max(1, total_steps - config.warmup_steps)
         progress = min(1.0, (step - config.warmup_steps) / span)
-        if config.schedule == "linear":
+        if config.lr_scheduler == "linear":
             return 1.0 - progress
         cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
         return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
@@ -291,11 +295,11 @@ def clip_and_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    grad_clip: float,
+    grad_clip: float | None,
 ) -> tuple[float, float]:
-    """Clip the global gradient norm (``grad_clip`` 0: report it only), step the optimizer and the
+    """Clip the global gradient norm (``grad_clip`` None: report it only), step the optimizer and the
     schedule. Returns the norm before clipping and the learning rate the step used."""
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    max_norm = float("inf") if grad_clip is None else grad_clip
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     # Under FSDP2 the norm is a DTensor; its full value is the global norm.
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm

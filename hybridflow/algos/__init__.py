@@ -45,7 +45,7 @@ then set ``adv_estimator: median_baseline`` in the config. The same works with
 names raise :class:`UnknownNameError` listing the valid choices.
 
 Worker processes never import the recipe, so the actor resolves its names to functions on the
-controller (``workers.config.ActorConfig.objective``) and ships the functions: hence the helpers
+controller (``workers.config.ActorDerived.objective``) and ships the functions: hence the helpers
 (``aggregate_loss``, ``compute_kl``, ``compute_policy_loss``) and every ``loss_agg_mode`` argument
 take a registered name or the function itself (:meth:`Registry.resolve`).
 """

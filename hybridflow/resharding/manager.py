@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybridflow.config_fields import check_bounds, config_field
 from hybridflow.parallel.offload import (
     free_gradients,
     load_fsdp_params,
@@ -70,28 +71,28 @@ __all__ = ["ReshardingConfig", "ReshardingManager", "SwitchReport"]
 
 @dataclass(frozen=True)
 class ReshardingConfig:
-    """How the layouts switch.
+    """The ``resharding`` section of a run config: how the layouts switch.
+
+    Whether the training state leaves the device during generation is the actor's choice
+    (``actor.param_offload``, ``actor.optimizer_offload``), passed to `ReshardingManager` beside this.
 
     Attributes:
         bucket_bytes: size of the reused gather buffer: the most bytes of gathered full weights
             held at once while streaming (a single tensor larger than this gets its own buffer).
-        offload_optimizer: move optimizer state to host memory while in the inference layout.
-        offload_params: move the FSDP parameter shards to host memory while in the inference layout.
         free_kv_cache: release the engine's memory (KV cache) in the training layout and restore it
             before generating; ``False`` keeps it allocated throughout (no reallocation per switch, at
             the cost of the training phases' headroom).
-        weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
+        max_log_prob_gap: the trainer fails a step whose rollout-vs-trainer log-prob gap
+            (``sync/log_prob_abs_diff_max``) exceeds it, a sign that the weight push went wrong;
+            ``None``: no check.
     """
 
-    bucket_bytes: int = 16 * 1024**2
-    offload_optimizer: bool = False
-    offload_params: bool = False
+    bucket_bytes: int = config_field(16 * 1024**2, ge=1)
     free_kv_cache: bool = True
-    weight_dtype: torch.dtype | None = None
+    max_log_prob_gap: float | None = config_field(None, gt=0)
 
     def __post_init__(self) -> None:
-        if self.bucket_bytes <= 0:
-            raise ValueError(f"resharding.bucket_bytes must be positive, got {self.bucket_bytes}")
+        check_bounds(self, "resharding")
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,11 @@ class ReshardingManager:
         model: the FSDP2-sharded training model (Hugging Face parameter names underneath).
         engine: the rollout engine to feed; any `RolloutEngine` (vLLM, HF) works unchanged.
         optimizer: the training optimizer, whose state may be offloaded while generating.
-        config: bucket size and offload choices.
+        config: the bucket size and whether the KV cache is freed in the training layout.
         device: the training device (where offloaded state returns).
+        offload_params: move the FSDP parameter shards to host memory while in the inference layout.
+        offload_optimizer: move optimizer state to host memory while in the inference layout.
+        weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
     """
 
     def __init__(
@@ -157,15 +161,21 @@ class ReshardingManager:
         optimizer: torch.optim.Optimizer | None,
         config: ReshardingConfig,
         device: torch.device,
+        *,
+        offload_params: bool = False,
+        offload_optimizer: bool = False,
+        weight_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.engine = engine
         self.optimizer = optimizer
         self.config = config
         self.device = device
+        self.offload_params = offload_params
+        self.offload_optimizer = offload_optimizer
         self.layout = "training"
         self.reports: list[SwitchReport] = []
-        self._streamer = WeightStreamer(config.bucket_bytes, device, config.weight_dtype)
+        self._streamer = WeightStreamer(config.bucket_bytes, device, weight_dtype)
         self._trims_host_memory = device.type == "cpu" and engine.trims_host_memory
 
     def __enter__(self) -> RolloutEngine:
@@ -182,7 +192,7 @@ class ReshardingManager:
         start = time.perf_counter()
         with PeakMemoryTracker(self.device, trim_first=self._trims_host_memory) as tracker:
             offloaded = free_gradients(self.model)
-            if self.config.offload_optimizer and self.optimizer is not None:
+            if self.offload_optimizer and self.optimizer is not None:
                 offloaded += offload_optimizer_state(self.optimizer).bytes_moved
             engine_bytes = self.engine.resume()
             switch_start = tracker.start_bytes
@@ -193,7 +203,7 @@ class ReshardingManager:
             if self._trims_host_memory:
                 # What the engine freed while reloading stays resident in the heap until trimmed.
                 return_freed_host_memory()
-            if self.config.offload_params:
+            if self.offload_params:
                 offloaded += offload_fsdp_params(self.model)[0].bytes_moved
         report = SwitchReport(
             "to_inference",
@@ -219,9 +229,9 @@ class ReshardingManager:
         with PeakMemoryTracker(self.device, trim_first=self._trims_host_memory) as tracker:
             engine_bytes = self.engine.release() if self.config.free_kv_cache else 0
             restored = 0
-            if self.config.offload_params:
+            if self.offload_params:
                 restored += load_fsdp_params(self.model, self.device).bytes_moved
-            if self.config.offload_optimizer and self.optimizer is not None:
+            if self.offload_optimizer and self.optimizer is not None:
                 restored += load_optimizer_state(self.optimizer, self.device).bytes_moved
         report = SwitchReport(
             "to_training",

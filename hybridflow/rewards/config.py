@@ -1,12 +1,12 @@
-"""`RewardConfig`: how the RewardManager scores, in one frozen dataclass."""
+"""The ``reward`` section of a run config, which is the `RewardManager`'s own settings."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
+
+from hybridflow.config_fields import FrozenMap, check_bounds, config_field
 
 __all__ = ["RewardConfig", "ShapingSpec"]
 
@@ -15,30 +15,28 @@ __all__ = ["RewardConfig", "ShapingSpec"]
 class ShapingSpec:
     """One reward-shaping step: a name registered with ``register_reward_shaping`` and its keyword arguments."""
 
-    name: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    name: str = ""
+    kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"ShapingSpec.name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
+        object.__setattr__(self, "kwargs", FrozenMap(self.kwargs))
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Configuration of :class:`~hybridflow.rewards.manager.RewardManager`.
+    """How samples are scored: the settings of :class:`~hybridflow.rewards.manager.RewardManager`.
 
     Attributes:
-        num_workers: worker processes scoring in parallel.
+        default_fn: reward function for data sources not in ``fn_by_source`` (a registered name,
+            ``"file.py:function"`` or, built by hand, a callable; see :mod:`hybridflow.rewards.registry`).
+        fn_by_source: reward function per ``data_source``.
         timeout_s: seconds one sample may take; past it the sample gets ``fallback_score``.
         fallback_score: the score of a sample whose function raised, timed out or returned a non-number.
-        default_fn: reward function for data sources not in ``fn_by_source`` (a registered name,
-            ``"file.py:function"`` or a callable; see :mod:`hybridflow.rewards.registry`).
-        fn_by_source: reward function per ``data_source``.
-        shaping: shaping steps applied in order to the scores (see :mod:`hybridflow.rewards.shaping`);
-            ``ShapingSpec`` objects or ``{"name": ..., "kwargs": {...}}`` dicts.
+        num_workers: worker processes scoring in parallel.
         kill_grace_s: a worker still busy ``timeout_s + kill_grace_s`` seconds into one sample (its
             function ignored the in-process timeout) is killed and replaced.
+        shaping: shaping steps applied in order to the scores (see :mod:`hybridflow.rewards.shaping`);
+            ``ShapingSpec`` objects or ``{"name": ..., "kwargs": {...}}`` dicts.
         abort_failure_rate: stop the run (``RewardFunctionFailingError``) when a reward function fails
             on at least this share of its rows over its last ``abort_window`` calls; ``None`` never
             stops. The default 1.0 stops only a function that fails on every row.
@@ -46,40 +44,18 @@ class RewardConfig:
             share is taken over.
     """
 
-    num_workers: int = 2
-    timeout_s: float = 10.0
-    fallback_score: float = 0.0
     default_fn: str | Callable[..., Any] = "exact_match"
-    fn_by_source: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
+    fn_by_source: Mapping[str, str | Callable[..., Any]] = field(default_factory=FrozenMap)
+    timeout_s: float = config_field(10.0, gt=0)
+    fallback_score: float = 0.0
+    num_workers: int = config_field(2, ge=1)
+    kill_grace_s: float = config_field(2.0, gt=0)
     shaping: tuple[ShapingSpec, ...] = ()
-    kill_grace_s: float = 2.0
-    abort_failure_rate: float | None = 1.0
-    abort_window: int = 3
+    abort_failure_rate: float | None = config_field(1.0, gt=0, le=1)
+    abort_window: int = config_field(3, ge=1)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ValueError(f"RewardConfig.num_workers must be an int >= 1, got {self.num_workers!r}")
-        for key in ("timeout_s", "kill_grace_s"):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"RewardConfig.{key} must be a number > 0, got {value!r}")
-        rate = self.abort_failure_rate
-        if rate is not None and not (isinstance(rate, int | float) and 0 < rate <= 1):
-            raise ValueError(f"RewardConfig.abort_failure_rate must be in (0, 1] or None, got {rate!r}")
-        if not isinstance(self.abort_window, int) or self.abort_window < 1:
-            raise ValueError(f"RewardConfig.abort_window must be an int >= 1, got {self.abort_window!r}")
-        if not isinstance(self.fallback_score, int | float) or not math.isfinite(self.fallback_score):
-            raise ValueError(
-                f"RewardConfig.fallback_score must be a finite number, got {self.fallback_score!r}"
-            )
-        entries = [("default_fn", self.default_fn)]
-        entries += [(f"fn_by_source[{source!r}]", spec) for source, spec in self.fn_by_source.items()]
-        for key, spec in entries:
-            if not (isinstance(spec, str) and spec) and not callable(spec):
-                raise ValueError(
-                    f"RewardConfig.{key} must be a registered name, 'file.py:function' or a callable, "
-                    f"got {spec!r}"
-                )
+        check_bounds(self, "reward")
         steps = tuple(s if isinstance(s, ShapingSpec) else ShapingSpec(**s) for s in self.shaping)
         object.__setattr__(self, "shaping", steps)
-        object.__setattr__(self, "fn_by_source", MappingProxyType(dict(self.fn_by_source)))
+        object.__setattr__(self, "fn_by_source", FrozenMap(self.fn_by_source))

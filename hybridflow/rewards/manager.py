@@ -192,7 +192,7 @@ class RewardManager:
                 pickle.dumps(shipped)
             except Exception as error:
                 raise TypeError(
-                    f"RewardConfig.{where}: the reward function {key!r} cannot be sent to worker processes "
+                    f"reward.{where}: the reward function {key!r} cannot be sent to worker processes "
                     f"({error}); define it at the top level of an importable module or name it as "
                     "'path/to/file.py:function'"
                 ) from None

@@ -8,7 +8,7 @@ imported here, so this package works where vLLM is not installed.
 
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
-from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfig
+from hybridflow.rollout.config import ENGINE_NAMES, EngineDerived, RolloutConfig, ValSamplingConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.hf_engine import HFRolloutEngine
 from hybridflow.rollout.logprobs import filter_logits, response_log_probs, sampling_log_probs
@@ -18,10 +18,12 @@ from hybridflow.rollout.sampling import SamplingParams
 __all__ = [
     "ENGINE_NAMES",
     "PROMPT_COLUMNS",
+    "EngineDerived",
     "HFRolloutEngine",
     "RolloutConfig",
     "RolloutEngine",
     "SamplingParams",
+    "ValSamplingConfig",
     "build_rollout_engine",
     "concat_rollouts",
     "filter_logits",

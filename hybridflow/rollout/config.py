@@ -1,78 +1,93 @@
-"""`RolloutConfig`: the typed, validated settings of a rollout engine."""
+"""The ``rollout`` section of a run config, which is the rollout engine's own settings, and what an
+engine takes from outside it (`EngineDerived`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
-__all__ = ["ENGINE_NAMES", "RolloutConfig"]
+from hybridflow.config_fields import Dtype, check_bounds, config_field
+
+__all__ = ["ENGINE_NAMES", "EngineDerived", "RolloutConfig", "ValSamplingConfig"]
 
 ENGINE_NAMES = ("vllm", "hf")
-_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ValSamplingConfig:
+    """Sampling for validation; the default is one greedy sample per prompt. ``top_k`` -1 disables top-k."""
+
+    n: int = config_field(1, ge=1)
+    temperature: float = config_field(0.0, ge=0)
+    top_p: float = config_field(1.0, gt=0, le=1)
+    top_k: int = config_field(-1, ge=-1)
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Settings of a rollout engine.
+    """The generation engine and how it samples during training (docs/config.md, ``rollout``).
 
     Attributes:
-        name: ``"vllm"`` or ``"hf"`` (transformers ``generate``; the reference and fallback).
-        tensor_parallel_size: vLLM TP size; groups of this many consecutive ranks form one engine.
-            The world size must divide by it; the ``world / tp`` engines are the data-parallel ranks.
-        dtype: weights and compute dtype of the engine.
-        seed: base seed; data-parallel rank ``d`` uses ``seed + d`` so dp ranks sample differently.
-        max_model_len: most tokens of prompt + response (vLLM sizes its buffers by it).
-        kv_cache_memory_bytes: vLLM KV cache per rank, in bytes. Always bounded: unbounded, the CPU
-            build takes most of the host memory.
+        engine: ``"vllm"`` or ``"hf"`` (transformers ``generate``; the reference and fallback).
+        dtype: the engine's weights and compute dtype; ``None`` is ``model.dtype`` (`EngineDerived`).
+        n: samples per prompt; at least 2 for the group-relative estimators, hence the default of 8.
+        temperature, top_p, top_k: training sampling (the trainer's steps read them); ``top_k`` -1 is off.
+        tp_size: vLLM TP size; groups of this many consecutive ranks form one engine. The world size
+            must divide by it; the ``world / tp_size`` engines are the data-parallel ranks.
+        kv_cache_bytes: vLLM KV cache per rank, in bytes. Always bounded: unbounded, the CPU build
+            takes most of the host memory.
         max_num_seqs: most sequences vLLM decodes in one step.
         max_num_batched_tokens: most tokens vLLM processes in one step; ``None`` lets vLLM choose. On
             CPU prompts are never split across steps (see ``VLLMRolloutEngine``), so it must be at
-            least ``max_model_len`` there.
+            least the engine's ``max_model_len`` there.
         enforce_eager: skip vLLM's torch.compile (faster start, slower steps).
         cache_dir: directory for vLLM's and TorchInductor's compile caches (``VLLM_CACHE_ROOT``,
             ``TORCHINDUCTOR_CACHE_DIR``); sharing it between runs cuts engine start from ~25 s to ~5 s.
             ``None`` leaves the environment as it is.
+        seed: base seed; data-parallel group ``d`` uses ``seed + d`` so dp groups sample differently.
         hf_max_batch_rows: the HF engine decodes at most this many sample rows at once (at least one
             prompt's ``n``); bounds its KV cache and the ``[rows, vocab]`` logits of a step.
-        enable_prompt_embeds: let the vLLM engine take input embeddings instead of token ids
-            (``embedding_session``; the HF engine always can). Off by default: a worker class that
-            decodes from embeddings turns it on.
         enable_prefix_caching: vLLM reuses the KV cache of prompt blocks it computed before (the samples
             of one prompt, the continuations of one prefix); only whole blocks are shared (128 tokens on
             CPU).
+        enable_prompt_embeds: let the vLLM engine take input embeddings instead of token ids
+            (``embedding_session``; the HF engine always can). A worker class that decodes from
+            embeddings turns it on.
+        val_sampling: validation sampling.
     """
 
-    name: str = "vllm"
-    tensor_parallel_size: int = 1
-    dtype: str = "float32"
-    seed: int = 0
-    max_model_len: int = 1024
-    kv_cache_memory_bytes: int = 256 << 20
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
+    engine: Literal["vllm", "hf"] = "vllm"
+    dtype: Dtype | None = None
+    n: int = config_field(8, ge=1)
+    temperature: float = config_field(1.0, ge=0)
+    top_p: float = config_field(1.0, gt=0, le=1)
+    top_k: int = config_field(-1, ge=-1)
+    tp_size: int = config_field(1, ge=1)
+    kv_cache_bytes: int = config_field(256 << 20, ge=1)
+    max_num_seqs: int = config_field(256, ge=1)
+    max_num_batched_tokens: int | None = config_field(None, ge=1)
     enforce_eager: bool = False
     cache_dir: str | None = None
-    hf_max_batch_rows: int = 256
-    enable_prompt_embeds: bool = False
+    seed: int = config_field(0, ge=0, le=2**31 - 1)
+    hf_max_batch_rows: int = config_field(256, ge=1)
     enable_prefix_caching: bool = True
+    enable_prompt_embeds: bool = False
+    val_sampling: ValSamplingConfig = field(default_factory=ValSamplingConfig)
 
     def __post_init__(self) -> None:
-        if self.name not in ENGINE_NAMES:
-            raise ValueError(f"rollout.name must be one of {ENGINE_NAMES}, got {self.name!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"rollout.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        positive = {
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "max_model_len": self.max_model_len,
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "max_num_seqs": self.max_num_seqs,
-            "hf_max_batch_rows": self.hf_max_batch_rows,
-        }
-        for key, value in positive.items():
-            if value < 1:
-                raise ValueError(f"rollout.{key} must be >= 1, got {value}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"rollout.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if not 0 <= self.seed < 2**31:
-            raise ValueError(f"rollout.seed must be in [0, 2**31), got {self.seed}")
+        check_bounds(self, "rollout")
+
+
+@dataclass(frozen=True)
+class EngineDerived:
+    """What an engine takes from outside the ``rollout`` section; a run computes it once
+    (``trainer.config.derive_values``) and never writes it back.
+
+    Attributes:
+        dtype: the engine's weights and compute dtype: ``rollout.dtype``, or ``model.dtype`` when null.
+        max_model_len: most tokens of prompt + response, ``data.max_prompt_length +
+            data.max_response_length`` (vLLM sizes its buffers by it).
+    """
+
+    dtype: Dtype = "float32"
+    max_model_len: int = config_field(1024, ge=1)

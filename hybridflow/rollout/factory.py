@@ -1,4 +1,4 @@
-"""`build_rollout_engine`: the engine a `RolloutConfig` names."""
+"""`build_rollout_engine`: the engine that ``rollout.engine`` names."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hybridflow.models.io import load_causal_lm, read_special_token_ids
 from hybridflow.parallel.device import process_group_device_plan
 from hybridflow.parallel.varlen_attention import VARLEN_SDPA
 from hybridflow.rollout.base import RolloutEngine
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import ENGINE_NAMES, EngineDerived, RolloutConfig
 from hybridflow.rollout.hf_engine import HFRolloutEngine
 from hybridflow.rollout.seeding import data_parallel_rank
 
@@ -22,17 +22,20 @@ __all__ = ["build_rollout_engine"]
 def build_rollout_engine(
     config: RolloutConfig,
     model_path: str | Path,
+    derived: EngineDerived | None = None,
     *,
     model: PreTrainedModel | None = None,
     eos_token_ids: Sequence[int] | None = None,
     pad_token_id: int | None = None,
     device: torch.device | str | None = None,
 ) -> RolloutEngine:
-    """Build the engine ``config.name`` names, on the weights in the HF directory ``model_path``.
+    """Build the engine ``config.engine`` names, on the weights in the HF directory ``model_path``.
 
     Args:
-        config: engine settings.
+        config: engine settings (the ``rollout`` section).
         model_path: HF model directory the engine starts from.
+        derived: the engine's dtype and ``max_model_len`` (a run's come from
+            ``trainer.config.derive_values``); None: `EngineDerived`'s defaults.
         model: for ``"hf"`` only: use this model in place instead of loading ``model_path``.
         eos_token_ids, pad_token_id: override the ids read from ``model_path``
             (``read_special_token_ids``).
@@ -45,20 +48,21 @@ def build_rollout_engine(
     The ``"vllm"`` engine needs an initialised torch.distributed process group and must be built
     on every rank at once (see ``VLLMRolloutEngine``); vLLM is imported only for it.
     """
+    derived = derived if derived is not None else EngineDerived()
+    if config.engine not in ENGINE_NAMES:
+        raise ValueError(f"rollout.engine must be one of {ENGINE_NAMES}, got {config.engine!r}")
     read_eos, read_pad = read_special_token_ids(model_path)
     eos = tuple(eos_token_ids) if eos_token_ids is not None else read_eos
     pad = pad_token_id if pad_token_id is not None else read_pad
-    if config.name == "vllm":
+    if config.engine == "vllm":
         from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(model_path, config, eos, pad)
-    if config.tensor_parallel_size != 1:
-        raise ValueError(
-            "rollout.tensor_parallel_size must be 1 for the hf engine (every rank generates alone)"
-        )
+        return VLLMRolloutEngine(model_path, config, derived, eos, pad)
+    if config.tp_size != 1:
+        raise ValueError("rollout.tp_size must be 1 for the hf engine (every rank generates alone)")
     target = torch.device(device if device is not None else process_group_device_plan().device)
     if model is None:
-        model = load_causal_lm(model_path, getattr(torch, config.dtype))
+        model = load_causal_lm(model_path, getattr(torch, derived.dtype))
         if target.type == "cpu":
             # Left-padded prompts decode under a mask; this attention keeps the grouped KV heads shared
             # there instead of copying the cache per step (`masked_gqa_attention`).

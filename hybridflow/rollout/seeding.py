@@ -1,7 +1,7 @@
 """Seeds for rollout calls: identical on the ranks of one TP group, distinct across dp ranks and calls.
 
 Each engine holds a `SeedStream` whose base seed identifies its data-parallel group: the engines
-build it from ``rollout.seed + dp_rank``, the same on the ``tensor_parallel_size`` ranks of one
+build it from ``rollout.seed + dp_rank``, the same on the ``rollout.tp_size`` ranks of one
 engine and different across engines. A call's seed is always derived from that base:
 
 * ``SamplingParams.seed=None``: the next seed of the stream (a fresh one per call);
@@ -38,7 +38,7 @@ def data_parallel_rank(tensor_parallel_size: int) -> int:
     world = dist.get_world_size()
     if world % tensor_parallel_size:
         raise ValueError(
-            f"world size {world} does not divide by rollout.tensor_parallel_size {tensor_parallel_size}"
+            f"world size {world} does not divide by rollout.tp_size {tensor_parallel_size}"
         )
     return dist.get_rank() // tensor_parallel_size
 

@@ -1,7 +1,7 @@
 """`VLLMRolloutEngine`: vLLM in SPMD mode inside the caller's torch.distributed process group.
 
 Every rank of the world constructs one engine at the same time. Consecutive groups of
-``tensor_parallel_size`` ranks form one tensor-parallel engine (``distributed_executor_backend=
+``rollout.tp_size`` ranks form one tensor-parallel engine (``distributed_executor_backend=
 "external_launcher"``: each rank runs its own scheduler and model shard in-process, and vLLM reuses
 the existing default process group). All ranks of a TP group must call ``generate``,
 ``update_weights``, ``release`` and ``resume`` together with identical arguments; the ``world / tp``
@@ -30,7 +30,7 @@ from vllm.platforms import current_platform
 
 from hybridflow.protocol import Batch
 from hybridflow.rollout.base import RolloutEngine
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import EngineDerived, RolloutConfig
 from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts, prompt_token_lists
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.seeding import SeedStream, data_parallel_rank
@@ -100,14 +100,20 @@ class VLLMRolloutEngine(RolloutEngine):
     Args:
         model_path: an HF model directory (see ``hybridflow.models.save_model_dir``). Its tokenizer is
             not loaded: prompts arrive as token ids and responses leave as token ids.
-        config: engine settings; ``config.name`` is not checked here.
+        config: engine settings; ``config.engine`` is not checked here.
+        derived: the engine's dtype and ``max_model_len``.
         eos_token_ids: tokens that end a sample. Passed to vLLM explicitly because without a
             tokenizer vLLM knows no end-of-sequence token.
         pad_token_id: fills responses past their end.
     """
 
     def __init__(
-        self, model_path: str | Path, config: RolloutConfig, eos_token_ids: Sequence[int], pad_token_id: int
+        self,
+        model_path: str | Path,
+        config: RolloutConfig,
+        derived: EngineDerived,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -117,9 +123,10 @@ class VLLMRolloutEngine(RolloutEngine):
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token")
         self.config = config
+        self.derived = derived
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
-        seed = config.seed + data_parallel_rank(config.tensor_parallel_size)
+        seed = config.seed + data_parallel_rank(config.tp_size)
         self._seeds = SeedStream(seed)
         self._on_cpu = current_platform.is_cpu()
         _prepare_environment(config)
@@ -136,12 +143,12 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         self._llm = LLM(
             model=str(model_path),
-            tensor_parallel_size=config.tensor_parallel_size,
+            tensor_parallel_size=config.tp_size,
             distributed_executor_backend="external_launcher",
-            dtype=config.dtype,
+            dtype=derived.dtype,
             seed=seed,
-            max_model_len=config.max_model_len,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            max_model_len=derived.max_model_len,
+            kv_cache_memory_bytes=config.kv_cache_bytes,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             enforce_eager=config.enforce_eager,
@@ -191,10 +198,11 @@ class VLLMRolloutEngine(RolloutEngine):
             raise RuntimeError("the engine is released; call resume() before generate()")
         token_lists = prompt_token_lists(prompts)
         longest = max(len(tokens) for tokens in token_lists)
-        if longest + sampling.max_new_tokens > self.config.max_model_len:
+        if longest + sampling.max_new_tokens > self.derived.max_model_len:
             raise ValueError(
                 f"prompt of {longest} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
-                f"rollout.max_model_len {self.config.max_model_len}"
+                f"the engine's max_model_len {self.derived.max_model_len} "
+                "(data.max_prompt_length + data.max_response_length)"
             )
         outputs = self._llm.generate(
             [{"prompt_token_ids": tokens} for tokens in token_lists],
@@ -235,11 +243,12 @@ class VLLMRolloutEngine(RolloutEngine):
         """``[rows, vocab]`` float32 next-token log-probs (nats, temperature 1) after each row's input
         vectors ``[len_i, hidden]``."""
         longest = max(row.shape[0] for row in prompt_embeds)
-        if longest >= self.config.max_model_len:
+        if longest >= self.derived.max_model_len:
             raise ValueError(
-                f"{longest} input embeddings + 1 position exceed rollout.max_model_len {self.config.max_model_len}"
+                f"{longest} input embeddings + 1 position exceed the engine's max_model_len "
+                f"{self.derived.max_model_len} (data.max_prompt_length + data.max_response_length)"
             )
-        dtype = getattr(torch, self.config.dtype)
+        dtype = getattr(torch, self.derived.dtype)
         # Greedy: processed log-probs are then those of the raw logits, and no random draw is made.
         params = VLLMSamplingParams(
             n=1, temperature=0.0, max_tokens=1, logprobs=-1, flat_logprobs=True, detokenize=False

@@ -42,12 +42,12 @@ class LatentActor(ActorRolloutRefWorker):
     end-of-thinking id 0).
     """
 
-    def __init__(self, model, actor, rollout: RolloutConfig, resharding, with_ref=True, offload_ref=False) -> None:
-        if rollout.name == "vllm":
+    def __init__(self, actor, ref, rollout: RolloutConfig, resharding, derived) -> None:
+        if rollout.engine == "vllm":
             rollout = dataclasses.replace(rollout, enable_prompt_embeds=True)
-        super().__init__(model, actor, rollout, resharding, with_ref, offload_ref)
+        super().__init__(actor, ref, rollout, resharding, derived)
         self.latent = LatentSampling()
-        self._latent_seeds = SeedStream(rollout.seed + data_parallel_rank(rollout.tensor_parallel_size))
+        self._latent_seeds = SeedStream(rollout.seed + data_parallel_rank(rollout.tp_size))
 
     @register(dispatch="one_to_all")
     def set_latent_sampling(self, latent: LatentSampling) -> None:

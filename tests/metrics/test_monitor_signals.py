@@ -58,8 +58,8 @@ def test_equal_reward_groups_leaves_out_single_samples():
 
 
 def test_monitor_config_checks_the_declared_ranges():
-    with pytest.raises(ValueError, match=r"MonitorConfig.psi_threshold must be > 0, got -0.1"):
+    with pytest.raises(ValueError, match=r"monitor\.psi_threshold: must be > 0, got -0.1"):
         MonitorConfig(psi_threshold=-0.1)
-    with pytest.raises(ValueError, match=r"MonitorConfig.ks_threshold must be > 0 and <= 1, got 1.5"):
+    with pytest.raises(ValueError, match=r"monitor\.ks_threshold: must be > 0 and <= 1, got 1.5"):
         MonitorConfig(ks_threshold=1.5)
     assert MonitorConfig(psi_threshold=None).psi_threshold is None

@@ -169,16 +169,26 @@ def test_every_role_method_that_takes_a_batch_runs_it_on_the_worker_device(role)
 def _meshes_with_cuda_visible(rank: int, world_size: int) -> dict[str, object]:
     """In a gloo group whose process claims a GPU (as a CPU worker does on a GPU machine)."""
     torch.cuda.is_available = lambda: True
+    from hybridflow.algos import AGGREGATION_MODES
     from hybridflow.resharding.manager import ReshardingConfig
     from hybridflow.rollout.config import RolloutConfig
-    from workers.config import ActorConfig, CriticConfig, ModelConfig, RewardModelConfig
+    from workers.config import (
+        ActorConfig,
+        ActorDerived,
+        CriticConfig,
+        CriticDerived,
+        RefConfig,
+        RewardModelConfig,
+    )
 
-    actor = ActorRolloutRefWorker(ModelConfig(), ActorConfig(), RolloutConfig(), ReshardingConfig())
+    derived = ActorDerived(model_path="", objective=ActorConfig().objective())
+    actor = ActorRolloutRefWorker(ActorConfig(), RefConfig(), RolloutConfig(), ReshardingConfig(), derived)
+    critic = CriticDerived(model_path="", aggregation=AGGREGATION_MODES.get("token-mean"))
     return {
         "plan": (process_group_device_plan().device_type, process_group_device_plan().backend),
         "default_mesh": build_meshes(world_size, 1).train.device_type,
         "actor": (actor.meshes.train.device_type, actor.meshes.infer.device_type, actor.device.type),
-        "critic": CriticWorker(CriticConfig()).mesh.device_type,
+        "critic": CriticWorker(CriticConfig(), critic).mesh.device_type,
         "reward_model": RewardModelWorker(RewardModelConfig()).mesh.device_type,
     }
 

@@ -18,6 +18,7 @@ import torch
 from hybridflow.models import load_causal_lm
 from hybridflow.protocol import Batch
 from hybridflow.rollout import (
+    EngineDerived,
     HFRolloutEngine,
     RolloutConfig,
     SamplingParams,
@@ -73,17 +74,16 @@ def engine_checks(rank: int, world_size: int, tp: int, model_dir: Path) -> dict[
     segments_before = _shm_segments()
     start = time.perf_counter()
     config = RolloutConfig(
-        name="vllm",
-        tensor_parallel_size=tp,
-        kv_cache_memory_bytes=KV_CACHE_BYTES,
-        max_model_len=128,
+        engine="vllm",
+        tp_size=tp,
+        kv_cache_bytes=KV_CACHE_BYTES,
         max_num_seqs=32,
         # As small as allowed, so that one generate call needs several prefill steps.
         max_num_batched_tokens=128,
         enforce_eager=True,
         cache_dir=str(_tiny.CACHE_DIR),
     )
-    engine = build_rollout_engine(config, model_dir)
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=128))
     results["init_s"] = time.perf_counter() - start
     # vLLM names its CPU shared memory after VLLM_DIST_IDENT; other jobs may add segments meanwhile,
     # so only this job's identifier is looked for.

@@ -12,7 +12,7 @@ import torch
 
 from hybridflow.models import load_causal_lm
 from hybridflow.parallel.launch import run_ranks
-from hybridflow.rollout import HFRolloutEngine, RolloutConfig, build_rollout_engine
+from hybridflow.rollout import EngineDerived, HFRolloutEngine, RolloutConfig, build_rollout_engine
 from tests.rollout import _tiny
 
 # Each row: a prompt, then tokens appended one position at a time.
@@ -70,16 +70,15 @@ def _vllm_checks(rank: int, world_size: int, model_dir: Path) -> dict[str, Any]:
     from vllm import SamplingParams as VLLMSamplingParams
 
     config = RolloutConfig(
-        name="vllm",
-        kv_cache_memory_bytes=32 << 20,
-        max_model_len=64,
+        engine="vllm",
+        kv_cache_bytes=32 << 20,
         max_num_seqs=8,
         max_num_batched_tokens=64,
         enforce_eager=True,
         enable_prompt_embeds=True,
         cache_dir=str(_tiny.CACHE_DIR),
     )
-    engine = build_rollout_engine(config, model_dir)
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=64))
     model = load_causal_lm(model_dir)
     embedding = model.get_input_embeddings().weight.detach()
     steps = _session_log_probs(engine, embedding)

@@ -20,7 +20,7 @@ def _devices(engine: HFRolloutEngine) -> set[torch.device]:
 
 
 def test_a_loaded_model_ends_on_the_engine_device(tiny_model_dir: Path):
-    engine = build_rollout_engine(RolloutConfig(name="hf"), tiny_model_dir, device=META)
+    engine = build_rollout_engine(RolloutConfig(engine="hf"), tiny_model_dir, device=META)
     assert isinstance(engine, HFRolloutEngine)
     assert _devices(engine) == {META}
     assert engine.model.device == META
@@ -28,7 +28,7 @@ def test_a_loaded_model_ends_on_the_engine_device(tiny_model_dir: Path):
 
 def test_a_given_model_is_moved_to_the_engine_device(tiny_model_dir: Path):
     model = _tiny.model()
-    engine = build_rollout_engine(RolloutConfig(name="hf"), tiny_model_dir, model=model, device=META)
+    engine = build_rollout_engine(RolloutConfig(engine="hf"), tiny_model_dir, model=model, device=META)
     assert isinstance(engine, HFRolloutEngine)
     assert engine.model is model
     assert _devices(engine) == {META}

@@ -23,7 +23,7 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFRolloutEngine:
-    built = build_rollout_engine(RolloutConfig(name="hf", hf_max_batch_rows=5), tiny_model_dir)
+    built = build_rollout_engine(RolloutConfig(engine="hf", hf_max_batch_rows=5), tiny_model_dir)
     assert isinstance(built, HFRolloutEngine)
     return built
 
@@ -76,7 +76,7 @@ def test_every_sample_of_a_shared_prompt_prefill_decodes_like_its_own_prompt(tin
     # batch. Greedy samples of one prompt must all equal the unpadded hand-rolled loop over that prompt:
     # a cache copied to the wrong rows, or rows mixed up after one leaves, would give another prompt's
     # continuation. Two prompts per call (7 // 3) also joins calls.
-    engine = build_rollout_engine(RolloutConfig(name="hf", hf_max_batch_rows=7), tiny_model_dir)
+    engine = build_rollout_engine(RolloutConfig(engine="hf", hf_max_batch_rows=7), tiny_model_dir)
     prompts = _tiny.prompts()
     real_prompts = [
         prompt[mask.bool()].tolist()

@@ -62,7 +62,7 @@ def test_fresh_seeds_differ_across_calls_and_dp_ranks_and_agree_within_a_tp_grou
 
 def _sample_twice(rank: int, world_size: int, model_dir: Path) -> list[list[list[int]]]:
     """One HF engine per rank (dp rank = rank); the same prompts and seeded params, twice."""
-    engine = build_rollout_engine(RolloutConfig(name="hf"), model_dir)
+    engine = build_rollout_engine(RolloutConfig(engine="hf"), model_dir)
     prompts = _tiny.prompts()
     return [engine.generate(prompts, SEEDED)["responses"].tolist() for _ in range(2)]
 

@@ -24,7 +24,7 @@ from trainer.config import (
     PoolConfig,
     RewardModelConfig,
     RunConfig,
-    ShapingConfig,
+    ShapingSpec,
     config_from_dict,
     config_to_dict,
     derive_sizes,
@@ -494,7 +494,7 @@ def test_docs_give_every_key_with_its_default():
     del defaults["critic"], defaults["reward_model"]
     defaults.update(_leaf_defaults(CriticConfig, "critic"))
     defaults.update(_leaf_defaults(RewardModelConfig, "reward_model"))
-    defaults.update(_leaf_defaults(ShapingConfig, "reward.shaping[]"))
+    defaults.update(_leaf_defaults(ShapingSpec, "reward.shaping[]"))
     defaults.update(_leaf_defaults(PoolConfig, "resource.pools.<name>"))
     missing = sorted(set(defaults) - set(documented))
     assert not missing, f"docs/config.md lacks {missing}"

@@ -88,3 +88,10 @@ def test_reinforce_pp_with_an_estimator_kl_coef_is_refused(data: list[str], esti
         load_config(None, [*data, f"algorithm.adv_estimator={estimator}", "algorithm.estimator_kwargs={kl_coef: 0.1}"])
     # Without the coefficient (the KL in the reward instead) the estimator loads.
     load_config(None, [*data, f"algorithm.adv_estimator={estimator}", "algorithm.use_kl_in_reward=true"])
+
+
+def test_forced_zero_advantage_skipping_that_would_change_the_update_is_refused_on_load(data: list[str]) -> None:
+    forced = [*data, "actor.skip_zero_advantage_rows=true", "actor.use_kl_loss=true", "actor.entropy_coef=0.01"]
+    with pytest.raises(ConfigError, match=r"actor\.skip_zero_advantage_rows: true would change the update: .*KL loss"):
+        load_config(None, forced)
+    assert load_config(None, [*data, "actor.use_kl_loss=true"]).actor.skip_zero_advantage_rows == "auto"

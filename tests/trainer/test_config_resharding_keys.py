@@ -10,9 +10,8 @@ from hybridflow.controller import ResourcePool, RoleSpec, create_colocated_worke
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rollout.sampling import SamplingParams
-from tests.workers._policy import ADAM, vllm_rollout, write_policy
+from tests.workers._policy import ADAM, actor_args, vllm_rollout, write_policy
 from workers.actor import ActorRolloutRefWorker
-from workers.config import ActorConfig, ModelConfig
 
 
 class SwitchReportingActor(ActorRolloutRefWorker):
@@ -28,13 +27,13 @@ def _switches(policy, free_kv_cache: bool) -> list[tuple[str, int]]:
     pool = ResourcePool([1], cpus_per_slot=0.5, name=f"free-kv-{free_kv_cache}")
     spec = RoleSpec(
         SwitchReportingActor,
-        (
-            ModelConfig(path=str(policy), param_dtype="float32"),
-            ActorConfig(optim=ADAM),
+        actor_args(
+            policy,
+            ADAM,
             vllm_rollout(1),
             ReshardingConfig(bucket_bytes=1 << 16, free_kv_cache=free_kv_cache),
+            with_ref=False,
         ),
-        {"with_ref": False},
     )
     group = create_colocated_worker_groups(pool, {"actor": spec}, name=f"free-kv-{free_kv_cache}")["actor"]
     try:

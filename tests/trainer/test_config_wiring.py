@@ -1,13 +1,14 @@
-"""Every key documented in docs/config.md reaches the component that uses it.
+"""Every key documented in docs/config.md is read by the code it configures.
 
-For each documented leaf key the test builds what the trainer builds from a config (`trainer.roles`'s
-component settings, `derive_sizes`, the pools, the placement, the estimator's arguments) once from a
-base config and once with that key changed to another valid value, and asserts the two differ. The keys
-that the runtime reads itself (the loop, the data loader, the model setup) are listed in
-``RUNTIME_READS`` with the file and the expression that reads them, and that expression must be in
-that file; the ``monitor`` section is handed whole to the `TrainingMonitor`, so each of its fields must
-be read by the monitor's code. A key that is none of these (documented and validated, but read by
-nobody) fails the test. No Ray, no models: the settings are plain dataclasses.
+The sections a component consumes (``rollout``, ``actor``, ``critic``, ``ref``, ``reward_model``,
+``reward``, ``resharding``, ``monitor``) are that component's own dataclasses, handed to it whole: for
+each of their fields the test asserts that the code of the component (or of the trainer) reads it as an
+attribute. For the trainer's own sections the test builds what the trainer builds from a config
+(`derive_sizes`, `derive_values`, the pools, the placement, the estimator's arguments) once from a base
+config and once with the key changed to another valid value, and asserts the two differ; the keys that
+the runtime reads itself (the loop, the data loader, the model setup) are listed in ``RUNTIME_READS``
+with the expression that reads them, which must be in the trainer's code. A key that is none of these
+(documented and validated, but read by nobody) fails the test. No Ray, no models.
 """
 
 from __future__ import annotations
@@ -21,35 +22,33 @@ import pytest
 
 from hybridflow.data import write_rows
 from hybridflow.metrics.monitor import MonitorConfig
-from hybridflow.resharding.manager import ReshardingConfig
-from hybridflow.rewards import RewardConfig as RewardManagerConfig
-from hybridflow.rollout.config import RolloutConfig as EngineConfig
 from tests.trainer._config_docs import documented_defaults
-from trainer.config import ROLES, RunConfig, derive_sizes, load_config
-from trainer.roles import (
-    actor_rollout_options,
-    actor_settings,
-    build_pools,
-    critic_settings,
-    engine_settings,
-    model_settings,
-    resharding_settings,
-    reward_model_settings,
-    reward_settings,
-)
-from workers.config import ActorConfig, ModelConfig
+from trainer.config import ROLES, ConfigError, RunConfig, derive_sizes, derive_values, load_config
+from trainer.roles import build_pools, role_specs
+from workers.config import ActorConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MONITOR_DIR = REPO_ROOT / "hybridflow" / "metrics" / "monitor"
 TOTAL_STEPS = 10
 MODEL_DIR = Path("model")
 
-RUNTIME_READS: dict[str, tuple[str, str]] = {
-    # key: (file that reads it, the expression that reads it)
-    "model.path": ("trainer/model_setup.py", "config.model.path"),
-    "model.tokenizer": ("trainer/model_setup.py", "config.model.tokenizer"),
+SECTION_READERS: dict[str, tuple[str, ...]] = {
+    # a component's section: the folders and files whose code reads its fields
+    "rollout": ("hybridflow/rollout", "workers/actor.py", "trainer"),
+    "actor": ("workers", "trainer"),
+    "critic": ("workers", "trainer"),
+    "ref": ("workers", "trainer"),
+    "reward_model": ("workers", "trainer"),
+    "reward": ("hybridflow/rewards", "trainer"),
+    "resharding": ("hybridflow/resharding", "workers/actor.py", "trainer"),
+    "monitor": ("hybridflow/metrics/monitor",),
+}
+
+RUNTIME_READS: dict[str, str] = {
+    # a key of the trainer's own sections: the expression in trainer/ that reads it
+    "model.path": "config.model.path",
+    "model.tokenizer": "config.model.tokenizer",
     **{
-        f"model.tiny.{name}": ("trainer/model_setup.py", f"tiny.{name}")
+        f"model.tiny.{name}": f"tiny.{name}"
         for name in (
             "vocab_size",
             "hidden_size",
@@ -62,92 +61,47 @@ RUNTIME_READS: dict[str, tuple[str, str]] = {
             "seed",
         )
     },
-    "data.train_files": ("trainer/rl_trainer.py", "data.train_files"),
-    "data.val_files": ("trainer/rl_trainer.py", "data.val_files"),
-    "data.prompt_key": ("trainer/rl_trainer.py", "prompt_key=data.prompt_key"),
-    "data.val_batch_size": ("trainer/rl_trainer.py", "self.config.data.val_batch_size"),
-    "data.shuffle": ("trainer/rl_trainer.py", "shuffle=data.shuffle"),
-    "rollout.temperature": ("trainer/steps.py", "trainer.config.rollout.temperature"),
-    "rollout.top_p": ("trainer/steps.py", "top_p=rollout.top_p"),
-    "rollout.top_k": ("trainer/steps.py", "top_k=rollout.top_k"),
-    "rollout.val_sampling.n": ("trainer/rl_trainer.py", "n=val.n"),
-    "rollout.val_sampling.temperature": ("trainer/rl_trainer.py", "temperature=val.temperature"),
-    "rollout.val_sampling.top_p": ("trainer/rl_trainer.py", "top_p=val.top_p"),
-    "rollout.val_sampling.top_k": ("trainer/rl_trainer.py", "top_k=val.top_k"),
-    "reward_model.weight": ("trainer/rl_trainer.py", "settings.weight"),
-    "algorithm.adv_estimator": ("trainer/steps.py", "algorithm.adv_estimator"),
-    "algorithm.kl_penalty": ("trainer/steps.py", "algorithm.kl_penalty"),
-    "algorithm.kl_ctrl.type": ("trainer/rl_trainer.py", "kl.type"),
-    "algorithm.kl_ctrl.kl_coef": ("trainer/rl_trainer.py", "kl.kl_coef"),
-    "algorithm.kl_ctrl.target_kl": ("trainer/rl_trainer.py", "kl.target_kl"),
-    "algorithm.kl_ctrl.horizon": ("trainer/rl_trainer.py", "kl.horizon"),
-    "resharding.max_log_prob_gap": ("trainer/fit.py", "config.resharding.max_log_prob_gap"),
-    "trainer.total_epochs": ("trainer/rl_trainer.py", "config.trainer.total_epochs"),
-    "trainer.total_steps": ("trainer/rl_trainer.py", "config.trainer.total_steps"),
-    "trainer.val_every": ("trainer/fit.py", "config.val_every"),
-    "trainer.val_before_train": ("trainer/fit.py", "config.val_before_train"),
-    "trainer.save_every": ("trainer/fit.py", "config.save_every"),
-    "trainer.checkpoint_dir": ("trainer/rl_trainer.py", "self.config.trainer.checkpoint_dir"),
-    "trainer.resume": ("trainer/rl_trainer.py", "self.config.trainer.resume"),
-    "trainer.loggers": ("trainer/rl_trainer.py", "config.trainer.loggers"),
-    "trainer.console": ("trainer/ray_runtime.py", "config.trainer.console"),
-    "trainer.project": ("trainer/rl_trainer.py", "config.trainer.project"),
-    "trainer.experiment": ("trainer/rl_trainer.py", "config.trainer.experiment"),
-    "trainer.output_dir": ("trainer/rl_trainer.py", "config.trainer.output_dir"),
-    "trainer.wandb_mode": ("trainer/rl_trainer.py", "config.trainer.wandb_mode"),
-    "recipe": ("trainer/config/recipe.py", "config.recipe"),
+    "data.train_files": "data.train_files",
+    "data.val_files": "data.val_files",
+    "data.prompt_key": "prompt_key=data.prompt_key",
+    "data.val_batch_size": "config.data.val_batch_size",
+    "data.shuffle": "shuffle=data.shuffle",
+    "algorithm.adv_estimator": "algorithm.adv_estimator",
+    "algorithm.kl_penalty": "algorithm.kl_penalty",
+    "algorithm.kl_ctrl.type": "kl.type",
+    "algorithm.kl_ctrl.kl_coef": "kl.kl_coef",
+    "algorithm.kl_ctrl.target_kl": "kl.target_kl",
+    "algorithm.kl_ctrl.horizon": "kl.horizon",
+    "trainer.total_epochs": "config.trainer.total_epochs",
+    "trainer.total_steps": "config.trainer.total_steps",
+    "trainer.val_every": "config.val_every",
+    "trainer.val_before_train": "config.val_before_train",
+    "trainer.save_every": "config.save_every",
+    "trainer.checkpoint_dir": "config.trainer.checkpoint_dir",
+    "trainer.resume": "config.trainer.resume",
+    "trainer.loggers": "config.trainer.loggers",
+    "trainer.console": "config.trainer.console",
+    "trainer.project": "config.trainer.project",
+    "trainer.experiment": "config.trainer.experiment",
+    "trainer.output_dir": "config.trainer.output_dir",
+    "trainer.wandb_mode": "config.trainer.wandb_mode",
+    "recipe": "config.recipe",
 }
 
 EXTRA_POOL = "resource.pools={extra: {nodes: 1, slots_per_node: 1}}"
-SHAPING = "reward.shaping=[{name: overlong_penalty, kwargs: {max_response_length: 8, cache_length: 2}}]"
 
 CONTEXT: dict[str, tuple[str, ...]] = {
     # overrides, applied to both configs, under which the key takes effect
-    "actor.max_tokens_per_micro_batch": ("actor.dynamic_batching=true",),
-    "critic.max_tokens_per_micro_batch": ("critic.dynamic_batching=true",),
-    "ref.max_tokens_per_micro_batch": ("ref.dynamic_batching=true",),
-    "reward_model.max_tokens_per_micro_batch": ("reward_model.dynamic_batching=true",),
-    "actor.kl_loss_coef": ("actor.use_kl_loss=true",),
     "algorithm.gamma": ("algorithm.adv_estimator=gae",),
     "algorithm.lam": ("algorithm.adv_estimator=gae",),
     "resource.pools.<name>.nodes": (EXTRA_POOL,),
     "resource.pools.<name>.slots_per_node": (EXTRA_POOL,),
     "resource.placement": (EXTRA_POOL,),
-    "reward.shaping[].name": (SHAPING,),
-    "reward.shaping[].kwargs": (SHAPING,),
 }
 
 CHANGED: dict[str, str] = {
     # overrides for keys whose changed value the generic rule (`_changed_value`) cannot pick
     "model.dtype": "model.dtype=bfloat16",
-    "rollout.engine": "rollout.engine=hf",
-    "rollout.max_num_batched_tokens": "rollout.max_num_batched_tokens=4096",
-    "rollout.cache_dir": "rollout.cache_dir=compile_cache",
-    "rollout.dtype": "rollout.dtype=bfloat16",
-    "actor.lr_scheduler": "actor.lr_scheduler=cosine",
-    "critic.lr_scheduler": "critic.lr_scheduler=cosine",
-    "actor.betas": "actor.betas=[0.8,0.99]",
-    "critic.betas": "critic.betas=[0.8,0.99]",
-    "actor.param_dtype": "actor.param_dtype=bfloat16",
-    "critic.param_dtype": "critic.param_dtype=bfloat16",
-    "actor.policy_loss": "actor.policy_loss=gspo",
-    "actor.policy_loss_kwargs": "actor.policy_loss_kwargs={clip_eps_low: 0.1}",
-    "actor.dual_clip_c": "actor.dual_clip_c=3.0",
-    "actor.loss_agg_mode": "actor.loss_agg_mode=seq-mean-token-mean",
-    "critic.loss_agg_mode": "critic.loss_agg_mode=seq-mean-token-mean",
-    "actor.kl_estimator": "actor.kl_estimator=k2",
-    "actor.skip_zero_advantage_rows": "actor.skip_zero_advantage_rows=false",
-    "actor.rollout_correction": "actor.rollout_correction=token",
-    "reward.default_fn": "reward.default_fn=math_verify",
-    "reward.fn_by_source": "reward.fn_by_source={toy: math_verify}",
-    "reward.shaping": SHAPING,
-    "reward.shaping[].name": "reward.shaping=[{name: length_penalty, kwargs: {coef: 0.1, max_response_length: 8}}]",
-    "reward.shaping[].kwargs": (
-        "reward.shaping=[{name: overlong_penalty, kwargs: {max_response_length: 8, cache_length: 4}}]"
-    ),
-    "reward_model.param_dtype": "reward_model.param_dtype=bfloat16",
-    "reward_model.path": "reward_model.path={root}/rm_other",
-    "reward_model.tokenizer": "reward_model.tokenizer={root}/rm_tokenizer",
     "algorithm.estimator_kwargs": "algorithm.estimator_kwargs={eps: 0.01}",
     "resource.pools": EXTRA_POOL,
     "resource.pools.<name>.nodes": "resource.pools.extra.nodes=2",
@@ -174,26 +128,19 @@ def base(tmp_path_factory) -> tuple[str, ...]:
 
 
 def _effects(config: RunConfig) -> dict[str, object]:
-    """What the trainer builds from ``config`` for its components, as comparable values."""
+    """What the trainer builds from ``config`` beside the sections it hands over whole, as comparable
+    values."""
     sizes = derive_sizes(config)
-    out: dict[str, object] = {
+    values = derive_values(config, sizes, TOTAL_STEPS, MODEL_DIR)
+    return {
         "sizes": sizes,
-        "actor": actor_settings(config, sizes, TOTAL_STEPS),
-        "actor model": model_settings(config, config.actor, MODEL_DIR),
-        "actor_rollout options": actor_rollout_options(config),
-        "engine": engine_settings(config),
-        "resharding": resharding_settings(config),
-        "reward manager": reward_settings(config),
+        "actor values": values.actor,
+        "critic values": values.critic,
+        "reward model dtype": role_specs(config, sizes, TOTAL_STEPS, MODEL_DIR)["reward_model"].args[1],
         "pools": {name: vars(pool) for name, pool in build_pools(config).items()},
         "placement": {role: config.resource.pool_of(role) for role in ROLES},
         "estimator arguments": config.algorithm.advantage_params(),
-        "monitor": config.monitor,
     }
-    if config.critic is not None:
-        out["critic"] = critic_settings(config, sizes, TOTAL_STEPS, MODEL_DIR)
-    if config.reward_model is not None:
-        out["reward model"] = reward_model_settings(config)
-    return out
 
 
 @functools.cache
@@ -221,24 +168,37 @@ def _override_key(key: str) -> str:
     return key.replace("<name>", "extra")
 
 
-def _monitor_reads(key: str) -> str | None:
-    """None when the monitor's code (beyond its config class) reads the field of ``monitor.<field>``."""
-    name = key.removeprefix("monitor.")
-    code = "\n".join(p.read_text() for p in MONITOR_DIR.glob("*.py") if p.name != "config.py")
-    if not re.search(rf"\.{name}\b", code):
-        return f"{key}: no code under {MONITOR_DIR.relative_to(REPO_ROOT)} reads .{name}"
+def _code(paths: tuple[str, ...]) -> str:
+    """The Python source under ``paths`` (folders or files), the monitor's config class left out."""
+    files = []
+    for path in paths:
+        target = REPO_ROOT / path
+        files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    return "\n".join(p.read_text() for p in files if p != REPO_ROOT / "hybridflow/metrics/monitor/config.py")
+
+
+def _section_reads(key: str) -> str | None:
+    """None when the code of the section's component (or the trainer) reads the field of ``key``, or
+    when the field is an actor loss argument, which reaches the policy loss by its name
+    (`ActorConfig.policy_loss_params`)."""
+    section = key.split(".")[0]
+    name = key.split(".")[-1].removesuffix("[]")
+    if section == "actor" and name in ActorConfig().loss_arguments():
+        return None
+    if not re.search(rf"\.{name}\b", _code(SECTION_READERS[section])):
+        return f"{key}: no code under {', '.join(SECTION_READERS[section])} reads .{name}"
     return None
 
 
-def _reaches(key: str, default: object, base: tuple[str, ...], runtime: dict[str, tuple[str, str]]) -> str | None:
-    """None when a change to ``key`` reaches a component (or a listed runtime read), else the reason."""
+def _reaches(key: str, default: object, base: tuple[str, ...], runtime: dict[str, str]) -> str | None:
+    """None when ``key`` is read: a section field by its component, a trainer key by a listed runtime
+    read or through what the trainer derives from it; else the reason."""
+    if key.split(".")[0] in SECTION_READERS:
+        return _section_reads(key)
     if key in runtime:
-        path, expression = runtime[key]
-        if expression not in (REPO_ROOT / path).read_text():
-            return f"{key}: {path} does not contain {expression!r}: nobody reads it there"
+        if runtime[key] not in _code(("trainer",)):
+            return f"{key}: no code under trainer/ contains {runtime[key]!r}: nobody reads it"
         return None
-    if key.startswith("monitor."):
-        return _monitor_reads(key)
     context = (*base, *CONTEXT.get(key, ()))
     root = base[0].removeprefix("data.train_files=[").removesuffix("/train.jsonl]")
     override = CHANGED[key].replace("{root}", root) if key in CHANGED else f"{_override_key(key)}={_changed_value(key, default)}"
@@ -280,30 +240,64 @@ def test_every_monitor_field_is_documented():
 
 
 def test_a_key_read_by_the_runtime_only_fails_without_its_table_entry(base):
-    # rollout.top_p reaches no component setting: the sampling step reads it.
-    unlisted = {key: read for key, read in RUNTIME_READS.items() if key != "rollout.top_p"}
-    problem = _reaches("rollout.top_p", 1.0, base, unlisted)
+    # data.shuffle reaches no derived value: the data loader reads it.
+    unlisted = {key: read for key, read in RUNTIME_READS.items() if key != "data.shuffle"}
+    problem = _reaches("data.shuffle", True, base, unlisted)
     assert problem is not None and "reaches no component" in problem
 
 
 def test_a_runtime_entry_whose_read_is_gone_fails(base):
-    wrong = {**RUNTIME_READS, "rollout.top_p": ("trainer/steps.py", "top_p=rollout.no_such_key")}
-    problem = _reaches("rollout.top_p", 1.0, base, wrong)
+    wrong = {**RUNTIME_READS, "data.shuffle": "shuffle=data.no_such_key"}
+    problem = _reaches("data.shuffle", True, base, wrong)
     assert problem is not None and "nobody reads it" in problem
 
 
-def test_the_default_config_builds_each_components_own_defaults(base):
-    """One default per setting: a run left at its defaults gets the component classes' defaults, apart
-    from the values the trainer derives from other keys."""
-    config = load_config(None, base)
-    actor = actor_settings(config, derive_sizes(config), TOTAL_STEPS)
-    derived = {
-        "optim": dataclasses.replace(actor.optim, total_steps=ActorConfig().optim.total_steps),
-        "loss_norm_constant": None,  # data.max_response_length
-        "policy_loss_params": {},  # actor.clip_eps_low, clip_eps_high, dual_clip_c
-    }
-    assert dataclasses.replace(actor, **derived) == ActorConfig()
-    assert model_settings(config, config.actor, MODEL_DIR) == ModelConfig(path=str(MODEL_DIR))
-    assert engine_settings(config) == EngineConfig()
-    assert reward_settings(config) == RewardManagerConfig()
-    assert resharding_settings(config) == ReshardingConfig()
+def test_a_section_field_that_no_code_reads_fails():
+    assert _section_reads("actor.ppo_mini_batch_size") is None
+    problem = _section_reads("actor.no_such_knob")
+    assert problem is not None and "reads .no_such_knob" in problem
+
+
+def test_the_derived_values_follow_the_other_keys(base):
+    """The values a worker takes from outside its sections, by hand from the keys they come from."""
+    config = load_config(None, (*base, "data.max_prompt_length=100", "data.max_response_length=60", "data.seed=4"))
+    sizes = derive_sizes(config)
+    values = derive_values(config, sizes, TOTAL_STEPS, MODEL_DIR)
+    actor = values.actor
+    assert (actor.engine.max_model_len, actor.engine.dtype) == (160, "float32")
+    assert actor.objective.norm_constant == 60.0
+    # 64 prompts * 8 samples / 64 rows per mini-batch = 8 optimizer steps per step.
+    assert actor.optimizer_steps == TOTAL_STEPS * 8
+    assert (actor.seed, actor.model_path, actor.dtype, actor.with_ref) == (4, "model", "float32", False)
+    assert values.critic is not None and values.critic.loss_norm_constant == 60.0
+    bf16 = load_config(None, (*base, "model.dtype=bfloat16"))
+    assert derive_values(bf16, derive_sizes(bf16), 1, MODEL_DIR).actor.engine.dtype == "bfloat16"
+    fp16 = load_config(None, (*base, "model.dtype=bfloat16", "rollout.dtype=float16"))
+    assert derive_values(fp16, derive_sizes(fp16), 1, MODEL_DIR).actor.engine.dtype == "float16"
+
+
+def test_the_component_knobs_load_and_reach_the_workers(base):
+    knobs = (
+        "rollout.hf_max_batch_rows=3",
+        "rollout.enable_prefix_caching=false",
+        "actor.use_packing=false",
+        "actor.logit_chunk_size=16",
+        "critic.use_packing=false",
+        "reward_model.use_packing=false",
+    )
+    config = load_config(None, (*base, *knobs))
+    specs = role_specs(config, derive_sizes(config), TOTAL_STEPS, MODEL_DIR)
+    actor, _, rollout, _, _ = specs["actor_rollout"].args
+    assert (rollout.hf_max_batch_rows, rollout.enable_prefix_caching) == (3, False)
+    assert (actor.use_packing, actor.logit_chunk_size) == (False, 16)
+    assert specs["critic"].args[0].use_packing is False
+    assert specs["reward_model"].args[0].use_packing is False
+
+
+def test_an_error_names_the_yaml_key(base):
+    with pytest.raises(ConfigError, match=r"actor\.ppo_mini_batch_size: must be >= 1, got 0"):
+        load_config(None, (*base, "actor.ppo_mini_batch_size=0"))
+    with pytest.raises(ConfigError, match=r"rollout\.hf_max_batch_rows: must be >= 1, got 0"):
+        load_config(None, (*base, "rollout.hf_max_batch_rows=0"))
+    with pytest.raises(ConfigError, match=r"rollout\.tp_size: 3 does not divide"):
+        load_config(None, (*base, "rollout.tp_size=3"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -12,9 +13,10 @@ from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import EngineDerived, RolloutConfig
 from workers.actor import ActorRolloutRefWorker
-from workers.config import ActorConfig, ModelConfig, OptimConfig
+from workers.config import ActorConfig, ActorDerived, RefConfig
+from workers.objective import PolicyObjective
 
 ALPHABET = "0123456789+-*=()abcdefghij"
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache"
@@ -57,6 +59,45 @@ def training_batch(rows: int, seed: int, prompt_len: int = 6, response_len: int 
     )
 
 
+ADAM = ActorConfig(lr=1e-3, grad_clip=1.0, param_dtype="float32")
+"""The worker tests' actor section: AdamW at lr 1e-3, gradients clipped at norm 1, fp32 compute."""
+
+ENGINE = EngineDerived(max_model_len=128)
+"""The engine's length in the worker tests (fp32, 128 tokens of prompt + response)."""
+
+
+def adam_actor(**settings) -> ActorConfig:
+    """`ADAM` with ``settings`` (actor keys) changed."""
+    return dataclasses.replace(ADAM, **settings)
+
+
+def actor_args(
+    model_dir: Path,
+    actor: ActorConfig,
+    rollout: RolloutConfig | None = None,
+    resharding: ReshardingConfig | None = None,
+    *,
+    ref: RefConfig | None = None,
+    objective: PolicyObjective | None = None,
+    with_ref: bool = True,
+) -> tuple:
+    """The constructor arguments of an `ActorRolloutRefWorker` on the policy in ``model_dir``; the
+    default loss is ``actor``'s own unless ``objective`` is given."""
+    derived = ActorDerived(
+        model_path=str(model_dir),
+        objective=objective if objective is not None else actor.objective(),
+        with_ref=with_ref,
+        engine=ENGINE,
+    )
+    return (
+        actor,
+        ref or RefConfig(),
+        rollout or RolloutConfig(engine="hf"),
+        resharding or ReshardingConfig(bucket_bytes=1 << 16),
+        derived,
+    )
+
+
 def actor_group(
     model_dir: Path,
     world_size: int,
@@ -64,18 +105,14 @@ def actor_group(
     rollout: RolloutConfig | None = None,
     resharding: ReshardingConfig | None = None,
     name: str = "actor",
+    *,
+    ref: RefConfig | None = None,
+    objective: PolicyObjective | None = None,
 ):
     """A started `ActorRolloutRefWorker` group on ``world_size`` CPU slots, and its pool."""
     pool = ResourcePool([world_size], cpus_per_slot=0.5, name=name)
-    spec = RoleSpec(
-        ActorRolloutRefWorker,
-        (
-            ModelConfig(path=str(model_dir), param_dtype="float32"),
-            actor,
-            rollout or RolloutConfig(name="hf"),
-            resharding or ReshardingConfig(bucket_bytes=1 << 16),
-        ),
-    )
+    args = actor_args(model_dir, actor, rollout, resharding, ref=ref, objective=objective)
+    spec = RoleSpec(ActorRolloutRefWorker, args)
     group = create_colocated_worker_groups(pool, {"actor": spec}, name=name)["actor"]
     group.init_model()
     return group, pool
@@ -83,16 +120,8 @@ def actor_group(
 
 def vllm_rollout(tp: int, **overrides) -> RolloutConfig:
     return RolloutConfig(
-        name="vllm",
-        tensor_parallel_size=tp,
-        cache_dir=str(CACHE_DIR),
-        kv_cache_memory_bytes=32 << 20,
-        max_model_len=128,
-        **overrides,
+        engine="vllm", tp_size=tp, cache_dir=str(CACHE_DIR), kv_cache_bytes=32 << 20, **overrides
     )
-
-
-ADAM = OptimConfig(lr=1e-3, grad_clip=1.0)
 
 
 def write_reward_model(

@@ -20,7 +20,7 @@ from hybridflow.algos import (
 from hybridflow.controller import WorkerError
 from hybridflow.models.io import load_causal_lm
 from hybridflow.protocol import Batch
-from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
+from tests.workers._policy import ADAM, actor_group, adam_actor, training_batch, write_policy
 from workers.actor import sequence_log_probs
 from workers.config import ActorConfig
 from workers.objective import PolicyObjective
@@ -81,7 +81,7 @@ def updated(ray_cluster, policy_dir, objective):
     batch = training_batch(ROWS, seed=0)
     results = {}
     for name, world, micro in [("w2_micro4", 2, 4), ("w2_micro1", 2, 1), ("w1_micro4", 1, 4)]:
-        config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=micro)
+        config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=micro)
         group, pool = actor_group(policy_dir, world, config, name=name)
         metrics = group.update_actor(batch, temperature=1.0, loss_fn=objective)
         results[name] = (group.gather_full_state()[0], metrics[0])
@@ -111,7 +111,7 @@ def test_update_does_not_depend_on_micro_batch_or_world_size(updated):
 
 
 def test_uneven_batch_is_refused_for_training(ray_cluster, policy_dir):
-    config = ActorConfig(optim=ADAM, mini_batch_size=2, micro_batch_size=1)
+    config = adam_actor(ppo_mini_batch_size=2, ppo_micro_batch_size=1)
     group, pool = actor_group(policy_dir, 2, config, name="uneven")
     try:
         with pytest.raises(ValueError, match="does not split evenly over 2"):
@@ -122,7 +122,7 @@ def test_uneven_batch_is_refused_for_training(ray_cluster, policy_dir):
 
 
 def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp_path):
-    config = ActorConfig(optim=ADAM, mini_batch_size=4, micro_batch_size=2)
+    config = adam_actor(ppo_mini_batch_size=4, ppo_micro_batch_size=2)
     first, second = training_batch(ROWS, seed=10), training_batch(ROWS, seed=11)
     group, pool = actor_group(policy_dir, 2, config, name="ckpt")
     group.update_actor(first, temperature=1.0, loss_fn=objective)
@@ -154,11 +154,11 @@ def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp
 
 def test_unknown_loss_names_fail_on_the_controller():
     with pytest.raises(UnknownNameError, match=r"valid choices: .*ppo_clip.*did you mean 'ppo_clip'"):
-        ActorConfig(policy_loss="ppo_clp")
+        ActorConfig(policy_loss="ppo_clp").objective()
     with pytest.raises(UnknownNameError, match="unknown loss aggregation mode 'token_mean'"):
-        ActorConfig(loss_agg_mode="token_mean")
+        ActorConfig(loss_agg_mode="token_mean").objective()
     with pytest.raises(UnknownNameError, match="unknown kl estimator 'k4'"):
-        ActorConfig(kl_estimator="k4")
+        ActorConfig(kl_estimator="k4").objective()
 
 
 def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, policy_dir):
@@ -186,18 +186,19 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
     register_aggregation_mode(names[1])(position_weighted)
     register_kl_estimator(names[2])(abs_kl)
     try:
-        config = ActorConfig(
-            optim=ADAM,
-            mini_batch_size=ROWS,
-            micro_batch_size=2,
+        config = adam_actor(
+            ppo_mini_batch_size=ROWS,
+            ppo_micro_batch_size=2,
             policy_loss=names[0],
-            policy_loss_params={"scale": 2.0},
+            policy_loss_kwargs={"scale": 2.0},
             loss_agg_mode=names[1],
+            use_kl_loss=True,
             kl_loss_coef=0.5,
             kl_estimator=names[2],
         )
+        objective = config.objective()
     finally:
-        # The config carries the functions from here on; the registries are left as they were.
+        # The objective carries the functions from here on; the registries are left as they were.
         POLICY_LOSSES.unregister(names[0])
         AGGREGATION_MODES.unregister(names[1])
         KL_ESTIMATORS.unregister(names[2])
@@ -209,7 +210,7 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
     )
     batch = batch | Batch({"ref_log_probs": ref_log_probs * batch["response_mask"]})
 
-    group, pool = actor_group(policy_dir, 2, config, name="registered")
+    group, pool = actor_group(policy_dir, 2, config, name="registered", objective=objective)
     try:
         metrics = group.update_actor(batch, temperature=1.0)[0]
         updated = group.gather_full_state()[0]
@@ -217,7 +218,7 @@ def test_losses_registered_on_the_controller_reach_the_workers(ray_cluster, poli
         group.hosts.shutdown()
         pool.release()
 
-    expected, expected_metrics, log_probs = reference_step_with_metrics(policy_dir, batch, config.objective)
+    expected, expected_metrics, log_probs = reference_step_with_metrics(policy_dir, batch, objective)
     # By hand: the position-weighted sum over valid tokens, over the batch's valid-token count.
     mask = batch["response_mask"].float()
     weights = torch.arange(1, mask.shape[1] + 1, dtype=torch.float32)
@@ -252,7 +253,7 @@ def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, 
     # The engine's log-probs, off by exactly 0.01 on the first half of the rows and 0.03 on the rest.
     offsets = torch.where(torch.arange(ROWS)[:, None] < ROWS // 2, 0.01, 0.03) * on_policy["response_mask"]
     mask = on_policy["response_mask"].bool()
-    config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=2)
+    config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2)
     group, pool = actor_group(policy_dir, 2, config, name="on-policy")
     try:
         metrics = group.update_actor(

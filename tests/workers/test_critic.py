@@ -16,11 +16,11 @@ from hybridflow.algos.aggregation import AggregationMode
 from hybridflow.controller import ResourcePool, RoleSpec, create_colocated_worker_groups
 from hybridflow.protocol import Batch
 from tests.workers._policy import training_batch, write_policy
-from workers.config import CriticConfig, ModelConfig, OptimConfig
+from workers.config import CriticConfig, CriticDerived
 from workers.critic import CriticWorker, TokenHeadModel, load_value_model
 
 ROWS = 8
-ADAM = OptimConfig(lr=1e-3, grad_clip=1.0)
+ADAM = CriticConfig(lr=1e-3, grad_clip=1.0)
 CLIP = 0.2
 # fp32 sums in another order (per rank, per micro-batch, packed vs padded) moved values by 9e-8 and
 # weights by 3e-6 (Adam's first step divides tiny gradients by their own size); a wrong position,
@@ -29,18 +29,24 @@ ATOL = 1e-5
 LEARNING_STEPS = 6
 
 
-def critic_config(policy_dir, **overrides) -> CriticConfig:
+def critic_args(policy_dir, **overrides) -> tuple[CriticConfig, CriticDerived]:
+    """The critic section (``ADAM`` and the batching below, with ``overrides``) and its derived values:
+    the backbone in ``policy_dir``, the aggregation its ``loss_agg_mode`` names, seed 7."""
     base = dict(
+        lr=ADAM.lr,
+        grad_clip=ADAM.grad_clip,
         # fp32 compute: the default picks bf16 on CPUs with bf16 units, and the comparisons are exact.
-        model=ModelConfig(path=str(policy_dir), param_dtype="float32"),
-        optim=ADAM,
-        mini_batch_size=ROWS,
-        micro_batch_size=2,
+        param_dtype="float32",
+        ppo_mini_batch_size=ROWS,
+        ppo_micro_batch_size=2,
         forward_micro_batch_size=3,
         cliprange_value=CLIP,
-        seed=7,
     )
-    return CriticConfig(**(base | overrides))
+    config = CriticConfig(**(base | overrides))
+    derived = CriticDerived(
+        model_path=str(policy_dir), aggregation=AGGREGATION_MODES.get(config.loss_agg_mode), seed=7
+    )
+    return config, derived
 
 
 def row_values(model: TokenHeadModel, batch: Batch) -> torch.Tensor:
@@ -108,7 +114,7 @@ def policy_dir(tmp_path_factory):
     return write_policy(tmp_path_factory.mktemp("critic_backbone"), seed=3)
 
 
-def registered_aggregation_config(policy_dir) -> CriticConfig:
+def registered_aggregation_args(policy_dir) -> tuple[CriticConfig, CriticDerived]:
     """A config whose ``loss_agg_mode`` names an aggregation registered in this process only, as a
     recipe script run as ``__main__`` registers one; the name is unregistered again before any worker
     sees the config.
@@ -127,7 +133,7 @@ def registered_aggregation_config(policy_dir) -> CriticConfig:
     name = "test_critic.position_weighted"
     register_aggregation_mode(name)(position_weighted)
     try:
-        return critic_config(policy_dir, loss_agg_mode=name)
+        return critic_args(policy_dir, loss_agg_mode=name)
     finally:
         AGGREGATION_MODES.unregister(name)
 
@@ -136,17 +142,18 @@ def registered_aggregation_config(policy_dir) -> CriticConfig:
 def run(ray_cluster, policy_dir, tmp_path_factory):
     """Values, checked steps, a learning run and a checkpoint round trip on one 2-rank group."""
     pool = ResourcePool([2], cpus_per_slot=0.5, name="critic")
-    registered_config = registered_aggregation_config(policy_dir)
+    registered_args = registered_aggregation_args(policy_dir)
     roles = {
-        "packed": RoleSpec(CriticWorker, (critic_config(policy_dir),)),
+        "packed": RoleSpec(CriticWorker, critic_args(policy_dir)),
         "padded": RoleSpec(
-            CriticWorker, (critic_config(policy_dir, use_packing=False, max_tokens_per_micro_batch=24),)
+            CriticWorker,
+            critic_args(policy_dir, use_packing=False, dynamic_batching=True, max_tokens_per_micro_batch=24),
         ),
-        "registered": RoleSpec(CriticWorker, (registered_config,)),
+        "registered": RoleSpec(CriticWorker, registered_args),
     }
     groups = create_colocated_worker_groups(pool, roles, name="critic")
     packed, padded, registered = groups["packed"], groups["padded"], groups["registered"]
-    out = {"registered_config": registered_config}
+    out = {"registered_args": registered_args}
     try:
         for group in groups.values():
             group.init_model()
@@ -232,8 +239,9 @@ def test_checkpoint_resume_repeats_the_same_updates(run):
 
 def test_an_aggregation_registered_in_the_controller_only_drives_the_worker_step(run, policy_dir):
     batch = run["step_batch"]
-    aggregation = run["registered_config"].aggregation
-    assert run["registered_config"].loss_agg_mode not in AGGREGATION_MODES
+    config, derived = run["registered_args"]
+    aggregation = derived.aggregation
+    assert config.loss_agg_mode not in AGGREGATION_MODES
     expected, loss, _ = reference_step(policy_dir, batch, aggregation)
 
     # By hand: the clipped loss per token, weighted by position, over the batch's valid-token count.

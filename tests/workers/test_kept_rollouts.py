@@ -13,9 +13,8 @@ import torch
 from hybridflow.controller import WorkerError
 from hybridflow.protocol import Batch
 from hybridflow.rollout.sampling import SamplingParams
-from tests.workers._policy import ADAM, actor_group, vllm_rollout, write_policy
+from tests.workers._policy import actor_group, adam_actor, vllm_rollout, write_policy
 from workers.actor import MODEL_INPUTS
-from workers.config import ActorConfig
 from workers.rollout_store import RolloutKeep
 
 PROMPTS = 4
@@ -43,7 +42,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.fixture(scope="module")
 def group(ray_cluster, tmp_path_factory):
     policy = write_policy(tmp_path_factory.mktemp("kept_policy"), seed=4)
-    config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=2)
+    config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2)
     group, pool = actor_group(policy, 2, config, name="kept")
     yield group
     group.hosts.shutdown()
@@ -157,7 +156,7 @@ def test_ids_of_an_earlier_step_fail_naming_them(group, generated):
 def test_tensor_parallel_ranks_keep_their_group_s_rows_once(ray_cluster, tmp_path):
     """vLLM at tp=2: one dp group of two ranks that generate the same rows; each is kept once."""
     policy = write_policy(tmp_path / "policy", seed=4)
-    config = ActorConfig(optim=ADAM, mini_batch_size=ROWS, micro_batch_size=2)
+    config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2)
     group, pool = actor_group(policy, 2, config, vllm_rollout(2), name="kept-tp2")
     try:
         first = group.generate_sequences(

@@ -6,6 +6,8 @@ and re-tokenising from text with a tokenizer whose ids differ from the policy's.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
@@ -14,7 +16,7 @@ from hybridflow.controller import ResourcePool, RoleSpec, WorkerError, create_co
 from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.protocol import Batch
 from tests.workers._policy import ALPHABET, write_reward_model
-from workers.config import ModelConfig, RewardModelConfig
+from workers.config import RewardModelConfig
 from workers.reward_model import RewardModelWorker
 
 # (prompt tokens, response tokens) per row: different lengths, and one empty response.
@@ -88,11 +90,13 @@ def setup(ray_cluster, tmp_path_factory):
     text_tokenizer_dir = tmp_path_factory.mktemp("rm_tokenizer")
     text_tokenizer.save_pretrained(text_tokenizer_dir)
     # fp32 compute: the default picks bf16 on CPUs with bf16 units, and the comparisons are exact.
-    model = ModelConfig(path=rm_dir, param_dtype="float32")
+    section = RewardModelConfig(path=rm_dir, param_dtype="float32")
     configs = {
-        "packed": RewardModelConfig(model=model, micro_batch_size=2),
-        "padded": RewardModelConfig(model=model, use_packing=False, max_tokens_per_micro_batch=16),
-        "text": RewardModelConfig(model=model, micro_batch_size=2, tokenizer_path=str(text_tokenizer_dir)),
+        "packed": dataclasses.replace(section, forward_micro_batch_size=2),
+        "padded": dataclasses.replace(
+            section, use_packing=False, dynamic_batching=True, max_tokens_per_micro_batch=16
+        ),
+        "text": dataclasses.replace(section, forward_micro_batch_size=2, tokenizer=str(text_tokenizer_dir)),
     }
     pool = ResourcePool([2], cpus_per_slot=0.5, name="reward-model")
     roles = {name: RoleSpec(RewardModelWorker, (config,)) for name, config in configs.items()}

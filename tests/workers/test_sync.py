@@ -16,7 +16,7 @@ from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rollout.sampling import SamplingParams
 from tests.workers._policy import actor_group, policy_bytes, vllm_rollout, write_policy
-from workers.config import ActorConfig, OptimConfig
+from workers.config import ActorConfig
 
 BUCKET_BYTES = 8 << 20
 HIDDEN, INTERMEDIATE = 512, 1408
@@ -56,7 +56,7 @@ def synced(request, ray_cluster, policy_dir):
     """Rollouts and log-probs before and after one large update, on a group with vLLM at tp."""
     tp = request.param
     actor = ActorConfig(
-        optim=OptimConfig(lr=1e-2, grad_clip=0.0), mini_batch_size=PROMPTS * SAMPLING.n, micro_batch_size=8
+        lr=1e-2, grad_clip=None, param_dtype="float32", ppo_mini_batch_size=PROMPTS * SAMPLING.n, ppo_micro_batch_size=8
     )
     group, pool = actor_group(
         policy_dir,

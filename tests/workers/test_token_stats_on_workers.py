@@ -7,9 +7,8 @@ import torch
 
 from hybridflow.models.io import load_causal_lm
 from hybridflow.parallel import TOKEN_STATISTICS, register_token_statistic
-from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
+from tests.workers._policy import actor_group, adam_actor, training_batch, write_policy
 from workers.actor import sequence_log_probs
-from workers.config import ActorConfig
 
 TEMPERATURE = 0.8
 
@@ -24,7 +23,7 @@ def test_a_statistic_registered_in_the_driver_is_computed_on_two_ranks(ray_clust
 
     policy = write_policy(tmp_path / "policy")
     batch = training_batch(6, seed=3)
-    group, pool = actor_group(policy, 2, ActorConfig(optim=ADAM, forward_micro_batch_size=2, logit_chunk_size=4))
+    group, pool = actor_group(policy, 2, adam_actor(forward_micro_batch_size=2, logit_chunk_size=4))
     try:
         out = group.compute_log_prob(
             batch, temperature=TEMPERATURE, stats=["entropy", "logit_margin_for_test"]

@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from hybridflow.algos import POLICY_LOSSES, register_policy_loss
 from hybridflow.protocol import Batch
-from workers.config import ActorConfig
 from workers.objective import PolicyObjective, skips_zero_advantage_rows
 from workers.training import balanced_update_order, carries_advantage, update_micro_batches
 
@@ -85,12 +84,6 @@ def test_forcing_skipping_with_a_term_on_every_row_is_refused(objective, reason)
     assert not skips_zero_advantage_rows(False, objective)
     with pytest.raises(ValueError, match=f"skip_zero_advantage_rows=true would change the update: {reason}"):
         skips_zero_advantage_rows(True, objective)
-
-
-def test_the_config_refuses_forced_skipping_on_the_controller():
-    with pytest.raises(ValueError, match=r"KL loss .* entropy bonus"):
-        ActorConfig(skip_zero_advantage_rows=True, kl_loss_coef=0.1, entropy_coef=0.01)
-    assert ActorConfig(kl_loss_coef=0.1).skip_zero_advantage_rows == "auto"
 
 
 def test_a_recipes_own_loss_is_skipped_only_when_forced():

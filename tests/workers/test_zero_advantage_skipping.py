@@ -13,7 +13,7 @@ import torch
 from hybridflow.controller import WorkerError
 from hybridflow.models.io import load_causal_lm
 from hybridflow.protocol import Batch
-from tests.workers._policy import ADAM, actor_group, training_batch, write_policy
+from tests.workers._policy import actor_group, adam_actor, training_batch, write_policy
 from tests.workers.test_actor_update import reference_step
 from workers.actor import sequence_log_probs
 from workers.config import ActorConfig
@@ -72,7 +72,7 @@ def full_and_skipping_updates(policy_dir, config: ActorConfig, name: str, checkp
         group.save_checkpoint(str(checkpoint))
         saved = group.gather_full_state()[0]
         batch = mixed_batch()
-        full_metrics = group.update_actor(batch, temperature=1.0, loss_fn=EveryRow(config.objective))[0]
+        full_metrics = group.update_actor(batch, temperature=1.0, loss_fn=EveryRow(config.objective()))[0]
         full = group.gather_full_state()[0]
         group.load_checkpoint(str(checkpoint))
         skip_metrics = group.update_actor(batch, temperature=1.0)[0]
@@ -88,17 +88,17 @@ def assert_same_weights(actual: dict, expected: dict, atol: float) -> None:
     assert worst <= atol, f"largest parameter difference {worst:.3g} > {atol}"
 
 
-BASE = {"optim": ADAM, "mini_batch_size": 8, "micro_batch_size": 2}
+BASE = {"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 2}
 
 
 @pytest.fixture(scope="module")
 def by_rows(ray_cluster, policy_dir, tmp_path_factory):
-    return full_and_skipping_updates(policy_dir, ActorConfig(**BASE), "rows", tmp_path_factory.mktemp("rows"))
+    return full_and_skipping_updates(policy_dir, adam_actor(**BASE), "rows", tmp_path_factory.mktemp("rows"))
 
 
 @pytest.fixture(scope="module")
 def by_tokens(ray_cluster, policy_dir, tmp_path_factory):
-    config = ActorConfig(**BASE, max_tokens_per_micro_batch=24)
+    config = adam_actor(**BASE, dynamic_batching=True, max_tokens_per_micro_batch=24)
     return full_and_skipping_updates(policy_dir, config, "tokens", tmp_path_factory.mktemp("tokens"))
 
 
@@ -143,7 +143,7 @@ def test_loss_metrics_cover_the_rows_that_entered_the_update(by_rows):
 def forced(ray_cluster, policy_dir):
     """A 2-rank group with ``skip_zero_advantage_rows: true``, at the policy's initial weights."""
     group, pool = actor_group(
-        policy_dir, 2, ActorConfig(**BASE, skip_zero_advantage_rows=True), name="forced"
+        policy_dir, 2, adam_actor(**BASE, skip_zero_advantage_rows=True), name="forced"
     )
     yield group
     group.hosts.shutdown()

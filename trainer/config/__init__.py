@@ -9,12 +9,15 @@
 
 1. :func:`load_config` merges the dataclass defaults, the YAML file and the ``key.sub=value`` overrides,
    in that order, and resolves ``${...}`` interpolations (:mod:`trainer.config.loading`).
-2. The merged tree is converted onto the schema (:mod:`trainer.config.schema`) and checked in ONE pass
+2. The merged tree is converted onto the schema (:mod:`trainer.config.schema`; the sections that a
+   component consumes are that component's own classes) and checked in ONE pass
    that collects every problem: unknown keys with a close-match suggestion, wrong types and values out of
    range (:mod:`trainer.config.convert`), then rules across values, registry names and files
    (:mod:`trainer.config.rules`) and sizes that must divide (:mod:`trainer.config.sizes`). A single
    :class:`ConfigError` lists them all, each under its full key.
-3. Sizes that follow from the config come from :func:`derive_sizes` and are never written back.
+3. Sizes that follow from the config come from :func:`derive_sizes`, and the values the workers take
+   from outside their own sections (the schedule's span, the engine's length, the resolved loss) from
+   :func:`derive_values`; neither is ever written back.
 
 Every section is frozen (assignment raises ``dataclasses.FrozenInstanceError``); lists become tuples and
 mappings become :class:`FrozenMap`. The YAML files shipped with the trainer sit in this folder
@@ -23,7 +26,7 @@ mappings become :class:`FrozenMap`. The YAML files shipped with the trainer sit 
 
 from pathlib import Path
 
-from trainer.config.frozen import FrozenMap
+from hybridflow.config_fields import FrozenMap
 from trainer.config.loading import config_from_dict, config_to_dict, load_config
 from trainer.config.problems import ConfigError
 from trainer.config.recipe import recipe_field, recipe_settings
@@ -39,18 +42,18 @@ from trainer.config.schema import (
     OptimizedRoleConfig,
     PoolConfig,
     RefConfig,
-    ResharderConfig,
+    ReshardingConfig,
     ResourceConfig,
     RewardConfig,
     RewardModelConfig,
     RolloutConfig,
     RunConfig,
-    ShapingConfig,
+    ShapingSpec,
     TinyModelConfig,
     TrainerConfig,
     ValSamplingConfig,
 )
-from trainer.config.sizes import DerivedSizes, UpdateSizes, derive_sizes
+from trainer.config.sizes import DerivedSizes, DerivedValues, UpdateSizes, derive_sizes, derive_values
 
 CONFIG_DIR = Path(__file__).resolve().parent
 """Folder of the shipped YAML files (``grpo.yaml``, ``ppo.yaml``)."""
@@ -65,19 +68,20 @@ __all__ = [
     "CriticConfig",
     "DataConfig",
     "DerivedSizes",
+    "DerivedValues",
     "FrozenMap",
     "KLControlConfig",
     "ModelConfig",
     "OptimizedRoleConfig",
     "PoolConfig",
     "RefConfig",
-    "ResharderConfig",
+    "ReshardingConfig",
     "ResourceConfig",
     "RewardConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "RunConfig",
-    "ShapingConfig",
+    "ShapingSpec",
     "TinyModelConfig",
     "TrainerConfig",
     "UpdateSizes",
@@ -85,6 +89,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "derive_sizes",
+    "derive_values",
     "load_config",
     "recipe_field",
     "recipe_settings",

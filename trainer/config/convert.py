@@ -8,6 +8,7 @@ the rest of the tree is still checked.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import functools
@@ -15,18 +16,12 @@ import types
 from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from trainer.config.frozen import FrozenMap, freeze
+from hybridflow.config_fields import FrozenMap, bound_violation, freeze
 from trainer.config.problems import Problems
 
 __all__ = ["build"]
 
 _INVALID = object()
-
-_BOUNDS = {
-    "ge": (">=", lambda value, limit: value >= limit),
-    "gt": (">", lambda value, limit: value > limit),
-    "le": ("<=", lambda value, limit: value <= limit),
-}
 
 
 @functools.cache
@@ -65,7 +60,7 @@ def _unknown_key_message(name: str, prefix: str, valid: list[str]) -> str:
 def _describe(tp: Any) -> str:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " or ".join("null" if arg is type(None) else _describe(arg) for arg in get_args(tp))
+        return " or ".join("null" if arg is type(None) else _describe(arg) for arg in _from_text(tp))
     if origin is Literal:
         return "one of " + ", ".join(repr(choice) for choice in get_args(tp))
     if origin is tuple:
@@ -84,10 +79,10 @@ def _convert(tp: Any, value: Any, key: str, problems: Problems, expected: str | 
     if tp is Any:
         return freeze(value)
     if origin in (Union, types.UnionType):
-        # The schema only uses ``X | None``.
-        if value is None:
+        # A section's unions are ``X | None``, or ``str | Callable``, whose callable a file cannot hold.
+        if value is None and type(None) in get_args(tp):
             return None
-        (inner,) = [arg for arg in get_args(tp) if arg is not type(None)]
+        (inner,) = [arg for arg in _from_text(tp) if arg is not type(None)]
         return _convert(inner, value, key, problems, expected or _describe(tp))
     if origin is Literal:
         return _convert_choice(tp, value, key, problems)
@@ -120,11 +115,13 @@ def _convert_choice(tp: Any, value: Any, key: str, problems: Problems) -> Any:
     return _INVALID
 
 
+def _from_text(tp: Any) -> tuple[Any, ...]:
+    """The members of union ``tp`` that a YAML value can be: all but callables (given in code only)."""
+    return tuple(arg for arg in get_args(tp) if get_origin(arg) is not collections.abc.Callable)
+
+
 def _within_bounds(bounds: Mapping[str, float], value: Any, key: str, problems: Problems) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return True
-    if all(_BOUNDS[name][1](value, limit) for name, limit in bounds.items()):
-        return True
-    allowed = " and ".join(f"{_BOUNDS[name][0]} {limit}" for name, limit in bounds.items())
-    problems.reject(key, f"must be {allowed}, got {value}")
-    return False
+    problem = bound_violation(bounds, value)
+    if problem is not None:
+        problems.reject(key, problem)
+    return problem is None

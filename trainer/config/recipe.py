@@ -5,7 +5,7 @@ A recipe declares its settings as a frozen dataclass (defaults and bounds beside
 
     @dataclass(frozen=True)
     class DapoSettings:
-        max_rounds: int = _field(4, ge=1)
+        max_rounds: int = recipe_field(4, ge=1)
 
     settings = recipe_settings(config, DapoSettings)   # config.recipe.max_rounds, or 4
 
@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from hybridflow.config_fields import config_field
 from trainer.config.convert import build
 from trainer.config.problems import Problems
-from trainer.config.schema import RunConfig, _field
+from trainer.config.schema import RunConfig
 
 __all__ = ["recipe_field", "recipe_settings"]
 
 T = TypeVar("T")
 
-recipe_field = _field
+recipe_field = config_field
 """A dataclass field with its default and numeric bounds (``ge``, ``gt``, ``le``), checked on load."""
 
 

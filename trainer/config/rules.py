@@ -25,6 +25,7 @@ from hybridflow.rewards.custom import load_reward_function
 from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
 from trainer.config.sizes import check_sizes, unknown_pool
+from workers.objective import skips_zero_advantage_rows
 
 __all__ = ["check_rules"]
 
@@ -127,10 +128,20 @@ def _check_algorithm(config: RunConfig, problems: Problems) -> None:
             "algorithm.kl_ctrl.kl_coef",
             "must be > 0 for the adaptive controller (it scales the coefficient multiplicatively)",
         )
+    registered = (
+        actor.policy_loss in POLICY_LOSSES
+        and actor.loss_agg_mode in AGGREGATION_MODES
+        and actor.kl_estimator in KL_ESTIMATORS
+    )
+    if registered:
+        try:
+            skips_zero_advantage_rows(actor.skip_zero_advantage_rows, actor.objective())
+        except ValueError as error:
+            problems.add("actor.skip_zero_advantage_rows", str(error).removeprefix("actor.skip_zero_advantage_rows="))
     if actor.policy_loss in POLICY_LOSSES:
         taken = _keyword_names(POLICY_LOSSES.get(actor.policy_loss), 4)
-        for name in ("clip_eps_low", "clip_eps_high", "dual_clip_c"):
-            if getattr(actor, name) is not None and taken is not None and name not in taken:
+        for name, value in actor.loss_arguments().items():
+            if value is not None and taken is not None and name not in taken:
                 problems.add(
                     f"actor.{name}",
                     f"policy loss {actor.policy_loss!r} takes no {name}; set it to null",

@@ -1,26 +1,27 @@
-"""The schema of a run config: one frozen dataclass per section, defaults and bounds beside each field.
+"""The schema of a run config: `RunConfig`, one frozen dataclass per section, defaults and bounds
+beside each field.
 
-docs/config.md describes every key. Batch sizes count rows (responses) unless named after prompts.
+The sections a component consumes are that component's own classes, defined where it lives (``rollout``:
+``hybridflow.rollout``; ``actor``, ``critic``, ``ref``, ``reward_model``: ``workers.config``;
+``reward``: ``hybridflow.rewards``; ``resharding``: ``hybridflow.resharding``; ``monitor``:
+``hybridflow.metrics.monitor``). The sections the trainer itself reads are defined here. docs/config.md
+describes every key. Batch sizes count rows (responses) unless named after prompts.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridflow.algos import ADVANTAGE_ESTIMATORS
+from hybridflow.config_fields import Dtype, FrozenMap, config_field
 from hybridflow.metrics.monitor import MonitorConfig
-from hybridflow.resharding.manager import ReshardingConfig as _Resharding
-from hybridflow.rewards.config import RewardConfig as _RewardManager
-from hybridflow.rollout.config import RolloutConfig as _Engine
-from trainer.config.frozen import FrozenMap
-from workers.config import ActorConfig as _Actor
-from workers.config import CriticConfig as _Critic
-from workers.config import ModelConfig as _Model
-from workers.config import OptimConfig as _Optim
-from workers.config import RewardModelConfig as _RewardModel
+from hybridflow.resharding.manager import ReshardingConfig
+from hybridflow.rewards.config import RewardConfig, ShapingSpec
+from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
+from workers.config import ActorConfig, CriticConfig, OptimizedRoleConfig, RefConfig, RewardModelConfig
 
 __all__ = [
     "GLOBAL_POOL",
@@ -34,13 +35,13 @@ __all__ = [
     "OptimizedRoleConfig",
     "PoolConfig",
     "RefConfig",
-    "ResharderConfig",
+    "ReshardingConfig",
     "ResourceConfig",
     "RewardConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "RunConfig",
-    "ShapingConfig",
+    "ShapingSpec",
     "TinyModelConfig",
     "TrainerConfig",
     "ValSamplingConfig",
@@ -56,28 +57,7 @@ controller's own process pool, so neither can be placed.
 GLOBAL_POOL = "global"
 """Name of the default pool, sized by ``resource.nodes`` and ``resource.slots_per_node``."""
 
-Dtype = Literal["float32", "bfloat16", "float16"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb"]
-
-
-def _field(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
-    """A dataclass field whose numeric bounds are declared next to its default and checked on load."""
-    bounds = {name: limit for name, limit in (("ge", ge), ("gt", gt), ("le", le)) if limit is not None}
-    return field(default=default, metadata={"bounds": bounds})
-
-
-def _default_of(component: type, name: str) -> Any:
-    """The component class's own default for its field ``name``: the one place that setting's default is
-    defined (docs/config.md, "Where defaults live")."""
-    default = component.__dataclass_fields__[name].default
-    if default is MISSING:
-        raise TypeError(f"{component.__name__}.{name} has no default to take")
-    return default
-
-
-def _from(component: type, name: str, **bounds: float) -> Any:
-    """A field with the component's default for ``name`` (`_default_of`) and numeric ``bounds``."""
-    return _field(_default_of(component, name), **bounds)
 
 
 @dataclass(frozen=True)
@@ -87,15 +67,15 @@ class TinyModelConfig:
     ``vocab_size`` null means the tokenizer's vocabulary size.
     """
 
-    vocab_size: int | None = _field(None, ge=1)
-    hidden_size: int = _field(64, ge=1)
-    num_layers: int = _field(2, ge=1)
-    num_heads: int = _field(2, ge=1)
-    num_kv_heads: int = _field(2, ge=1)
-    intermediate_size: int = _field(128, ge=1)
-    max_position_embeddings: int = _field(1024, ge=1)
-    initializer_range: float = _field(0.02, gt=0)
-    seed: int = _field(0, ge=0)
+    vocab_size: int | None = config_field(None, ge=1)
+    hidden_size: int = config_field(64, ge=1)
+    num_layers: int = config_field(2, ge=1)
+    num_heads: int = config_field(2, ge=1)
+    num_kv_heads: int = config_field(2, ge=1)
+    intermediate_size: int = config_field(128, ge=1)
+    max_position_embeddings: int = config_field(1024, ge=1)
+    initializer_range: float = config_field(0.02, gt=0)
+    seed: int = config_field(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -108,7 +88,7 @@ class ModelConfig:
     path: str | None = None
     tokenizer: str | None = None
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    dtype: Dtype = field(default=_default_of(_Model, "dtype"))
+    dtype: Dtype = "float32"
 
 
 @dataclass(frozen=True)
@@ -121,202 +101,12 @@ class DataConfig:
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
     prompt_key: str = "prompt"
-    max_prompt_length: int = _field(512, ge=1)
-    max_response_length: int = _field(512, ge=1)
-    train_batch_size: int = _field(64, ge=1)
-    val_batch_size: int = _field(64, ge=1)
+    max_prompt_length: int = config_field(512, ge=1)
+    max_response_length: int = config_field(512, ge=1)
+    train_batch_size: int = config_field(64, ge=1)
+    val_batch_size: int = config_field(64, ge=1)
     shuffle: bool = True
-    seed: int = _field(0, ge=0)
-
-
-@dataclass(frozen=True)
-class ValSamplingConfig:
-    """Sampling for validation; the default is one greedy sample per prompt. ``top_k`` -1 disables top-k."""
-
-    n: int = _field(1, ge=1)
-    temperature: float = _field(0.0, ge=0)
-    top_p: float = _field(1.0, gt=0, le=1)
-    top_k: int = _field(-1, ge=-1)
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """The generation engine and how it samples during training.
-
-    ``tp_size`` consecutive ranks of the actor pool form one engine; the ``world / tp_size`` engines are
-    the inference data-parallel groups, and dp group ``d`` samples with seed ``seed + d``.
-    ``kv_cache_bytes`` is per rank and always bounded (unbounded, the CPU build of vLLM takes most of
-    the host's memory). ``top_k`` -1 disables top-k. ``n`` is at least 2 for the group-relative
-    estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``), hence the default of 8. ``dtype`` is
-    the engine's weights and compute dtype; null is ``model.dtype`` (the actor's master weights).
-    """
-
-    engine: Literal["vllm", "hf"] = _from(_Engine, "name")
-    dtype: Dtype | None = None
-    n: int = _field(8, ge=1)
-    temperature: float = _field(1.0, ge=0)
-    top_p: float = _field(1.0, gt=0, le=1)
-    top_k: int = _field(-1, ge=-1)
-    tp_size: int = _from(_Engine, "tensor_parallel_size", ge=1)
-    kv_cache_bytes: int = _from(_Engine, "kv_cache_memory_bytes", ge=1)
-    max_num_seqs: int = _from(_Engine, "max_num_seqs", ge=1)
-    max_num_batched_tokens: int | None = _from(_Engine, "max_num_batched_tokens", ge=1)
-    enforce_eager: bool = _from(_Engine, "enforce_eager")
-    cache_dir: str | None = _from(_Engine, "cache_dir")
-    seed: int = _from(_Engine, "seed", ge=0)
-    val_sampling: ValSamplingConfig = field(default_factory=ValSamplingConfig)
-
-
-@dataclass(frozen=True)
-class OptimizedRoleConfig:
-    """Settings shared by the roles that train (actor, critic): optimizer, batching, precision.
-
-    Batch sizes count rows (responses), not prompts: ``ppo_mini_batch_size`` rows across all ranks make
-    one optimizer step; ``ppo_micro_batch_size`` rows on one rank make one forward/backward. With
-    ``dynamic_batching`` the micro-batches are instead packed up to ``max_tokens_per_micro_batch``
-    tokens per rank. ``forward_micro_batch_size`` is the per-rank row count of no-grad forwards
-    (log-probs, values). ``grad_clip`` null disables clipping. ``param_dtype`` null is the device's
-    default compute dtype (bf16 on GPU, fp32 on CPU; `hybridflow.parallel.DevicePlan`).
-    """
-
-    lr: float = _from(_Optim, "lr", gt=0)
-    lr_scheduler: Literal["constant", "cosine", "linear"] = _from(_Optim, "schedule")
-    warmup_steps: int = _from(_Optim, "warmup_steps", ge=0)
-    min_lr_ratio: float = _from(_Optim, "min_lr_ratio", ge=0, le=1)
-    weight_decay: float = _from(_Optim, "weight_decay", ge=0)
-    betas: tuple[float, ...] = _from(_Optim, "betas")
-    grad_clip: float | None = _from(_Optim, "grad_clip", gt=0)
-    ppo_mini_batch_size: int = _from(_Actor, "mini_batch_size", ge=1)
-    ppo_micro_batch_size: int = _from(_Actor, "micro_batch_size", ge=1)
-    dynamic_batching: bool = False
-    max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    forward_micro_batch_size: int = _from(_Actor, "forward_micro_batch_size", ge=1)
-    ppo_epochs: int = _from(_Actor, "epochs", ge=1)
-    shuffle: bool = _from(_Actor, "shuffle")
-    param_dtype: Dtype | None = field(default=_default_of(_Model, "param_dtype"))
-    activation_checkpointing: bool = _from(_Model, "activation_checkpointing")
-
-
-@dataclass(frozen=True)
-class ActorConfig(OptimizedRoleConfig):
-    """The policy update. Names are checked against the ``hybridflow.algos`` registries.
-
-    ``clip_eps_low``/``clip_eps_high`` bound the ratio to ``[1 - low, 1 + high]``; ``dual_clip_c``
-    (> 1) caps the loss of negative-advantage tokens. Null leaves each at the chosen loss's own default
-    (``ppo_clip`` 0.2, ``gspo`` 3e-4/4e-4, ``gmpo`` 0.4, ...; docs/algorithms.md); a value is passed
-    only to a loss that takes it. ``kl_estimator`` and ``kl_loss_coef``
-    apply when ``use_kl_loss`` is true. ``policy_loss_kwargs`` passes any other keyword argument of the
-    chosen policy loss (e.g. ``tau_neg`` of ``sapo``), and overrides the three clip keys for it.
-    ``skip_zero_advantage_rows`` leaves rows with zero advantage at every token out of the update
-    (``auto``: where the gradient is provably unchanged; ``true`` is refused with a KL loss, an entropy
-    bonus or a covariance-based loss). ``rollout_correction`` (``token``, ``sequence``) weights the
-    policy loss by truncated importance weights, capped at ``rollout_correction_cap``, of the trainer's
-    log-probs against the engine's. ``param_offload``/``optimizer_offload`` move the parameter shards and
-    the optimizer state to host memory while the engine generates.
-    """
-
-    param_offload: bool = _from(_Resharding, "offload_params")
-    optimizer_offload: bool = _from(_Resharding, "offload_optimizer")
-    policy_loss: str = _from(_Actor, "policy_loss")
-    clip_eps_low: float | None = _field(None, ge=0)
-    clip_eps_high: float | None = _field(None, ge=0)
-    dual_clip_c: float | None = _field(None, gt=1)
-    loss_agg_mode: str = _from(_Actor, "loss_agg_mode")
-    entropy_coef: float = _from(_Actor, "entropy_coef", ge=0)
-    use_kl_loss: bool = False
-    kl_loss_coef: float = _field(0.001, ge=0)
-    kl_estimator: str = _from(_Actor, "kl_estimator")
-    policy_loss_kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
-    skip_zero_advantage_rows: Literal["auto", True, False] = "auto"
-    rollout_correction: Literal["none", "token", "sequence"] = "none"
-    rollout_correction_cap: float = _field(2.0, gt=0)
-
-    def policy_loss_params(self) -> dict[str, Any]:
-        """The clip settings this config sets (not null), then ``policy_loss_kwargs``, as the policy
-        loss's keyword arguments: every one left out keeps the loss's own default. The rules refuse a
-        set clip key that the chosen loss does not take."""
-        given = {
-            "clip_eps_low": self.clip_eps_low,
-            "clip_eps_high": self.clip_eps_high,
-            "dual_clip_c": self.dual_clip_c,
-        }
-        return {**{key: value for key, value in given.items() if value is not None}, **self.policy_loss_kwargs}
-
-
-@dataclass(frozen=True)
-class CriticConfig(OptimizedRoleConfig):
-    """The value model (required by the ``gae`` estimator). ``cliprange_value`` null disables clipping.
-
-    Its learning rate defaults higher than the actor's (a freshly initialised value head); that default is
-    the critic's own, defined here.
-    """
-
-    lr: float = _field(1e-5, gt=0)
-    cliprange_value: float | None = _from(_Critic, "cliprange_value", gt=0)
-    loss_agg_mode: str = _from(_Critic, "loss_agg_mode")
-
-
-@dataclass(frozen=True)
-class RefConfig:
-    """The frozen reference policy, used when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``."""
-
-    forward_micro_batch_size: int = _from(_Actor, "ref_forward_micro_batch_size", ge=1)
-    dynamic_batching: bool = False
-    max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    param_offload: bool = False
-
-
-@dataclass(frozen=True)
-class ShapingConfig:
-    """One reward-shaping step: a registered shaping name and its keyword arguments."""
-
-    name: str = ""
-    kwargs: Mapping[str, Any] = field(default_factory=FrozenMap)
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """How samples are scored.
-
-    A reward function is a registered name (e.g. ``exact_match``) or ``path/to/file.py:function``;
-    ``fn_by_source`` picks one per ``data_source`` and ``default_fn`` serves the rest. A sample whose
-    function raises, returns a non-number or runs past ``timeout_s`` scores ``fallback_score``. A
-    function that fails on at least ``abort_failure_rate`` of its rows over its last ``abort_window``
-    calls stops the run (null: never).
-    """
-
-    default_fn: str = _from(_RewardManager, "default_fn")
-    fn_by_source: Mapping[str, str] = field(default_factory=FrozenMap)
-    timeout_s: float = _from(_RewardManager, "timeout_s", gt=0)
-    fallback_score: float = _from(_RewardManager, "fallback_score")
-    num_workers: int = _from(_RewardManager, "num_workers", ge=1)
-    kill_grace_s: float = _from(_RewardManager, "kill_grace_s", gt=0)
-    shaping: tuple[ShapingConfig, ...] = ()
-    abort_failure_rate: float | None = _from(_RewardManager, "abort_failure_rate", gt=0, le=1)
-    abort_window: int = _from(_RewardManager, "abort_window", ge=1)
-
-
-@dataclass(frozen=True)
-class RewardModelConfig:
-    """A learned reward model scoring each prompt + response, on top of the reward functions of ``reward``.
-
-    ``path`` is a local Hugging Face sequence-classification directory with one label (e.g.
-    ``Qwen2ForSequenceClassification``). Each row's score is ``reward score + weight * model score``
-    (docs/rewards.md). ``tokenizer`` null scores the policy's token ids as they are (the two models share
-    a vocabulary); a tokenizer directory re-tokenises the prompt and the decoded response instead. The
-    model is FSDP2-sharded over the ranks of its pool (``resource.placement.reward_model``, default the
-    global pool, colocated with the actor); it runs forwards only, ``forward_micro_batch_size`` rows per
-    rank, or ``max_tokens_per_micro_batch`` tokens with ``dynamic_batching``. ``param_dtype`` is the
-    compute dtype (null: bf16 on GPU, fp32 on CPU); the weights load in ``model.dtype``.
-    """
-
-    path: str | None = None
-    tokenizer: str | None = _from(_RewardModel, "tokenizer_path")
-    weight: float = 1.0
-    forward_micro_batch_size: int = _from(_RewardModel, "micro_batch_size", ge=1)
-    dynamic_batching: bool = False
-    max_tokens_per_micro_batch: int = _field(8192, ge=1)
-    param_dtype: Dtype | None = field(default=_default_of(_Model, "param_dtype"))
+    seed: int = config_field(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -324,9 +114,9 @@ class KLControlConfig:
     """The in-reward KL coefficient: ``fixed`` at ``kl_coef``, or ``adaptive`` towards ``target_kl``."""
 
     type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = _field(0.001, ge=0)
-    target_kl: float = _field(0.1, gt=0)
-    horizon: float = _field(10000.0, gt=0)
+    kl_coef: float = config_field(0.001, ge=0)
+    target_kl: float = config_field(0.1, gt=0)
+    horizon: float = config_field(10000.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -339,8 +129,8 @@ class AlgorithmConfig:
     """
 
     adv_estimator: str = "grpo"
-    gamma: float = _field(1.0, ge=0, le=1)
-    lam: float = _field(1.0, ge=0, le=1)
+    gamma: float = config_field(1.0, ge=0, le=1)
+    lam: float = config_field(1.0, ge=0, le=1)
     norm_by_std: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
@@ -359,8 +149,8 @@ class AlgorithmConfig:
 class PoolConfig:
     """An extra resource pool for split placement."""
 
-    nodes: int = _field(1, ge=1)
-    slots_per_node: int = _field(1, ge=1)
+    nodes: int = config_field(1, ge=1)
+    slots_per_node: int = config_field(1, ge=1)
 
 
 @dataclass(frozen=True)
@@ -372,10 +162,10 @@ class ResourceConfig:
     processes of its own.
     """
 
-    nodes: int = _field(1, ge=1)
-    slots_per_node: int = _field(2, ge=1)
+    nodes: int = config_field(1, ge=1)
+    slots_per_node: int = config_field(2, ge=1)
     use_gpu: bool = False
-    cpus_per_slot: float = _field(1.0, gt=0)
+    cpus_per_slot: float = config_field(1.0, gt=0)
     pools: Mapping[str, PoolConfig] = field(default_factory=FrozenMap)
     placement: Mapping[str, str] = field(default_factory=FrozenMap)
 
@@ -392,19 +182,6 @@ class ResourceConfig:
 
 
 @dataclass(frozen=True)
-class ResharderConfig:
-    """Switching the weights between the training and inference layouts.
-
-    ``max_log_prob_gap`` (null = no check) fails a step whose rollout-vs-trainer log-prob gap
-    (``sync/log_prob_abs_diff_max``) exceeds it: a sign that the weight push went wrong.
-    """
-
-    bucket_bytes: int = _from(_Resharding, "bucket_bytes", ge=1)
-    free_kv_cache: bool = _from(_Resharding, "free_kv_cache")
-    max_log_prob_gap: float | None = _field(None, gt=0)
-
-
-@dataclass(frozen=True)
 class TrainerConfig:
     """The run: its length, validation, checkpoints, logging and output folder.
 
@@ -415,11 +192,11 @@ class TrainerConfig:
     (`hybridflow.metrics.log_routing`); ``verbose`` leaves every process's output on the console.
     """
 
-    total_epochs: int = _field(1, ge=1)
-    total_steps: int | None = _field(None, ge=1)
-    val_every: int = _field(0, ge=0)
+    total_epochs: int = config_field(1, ge=1)
+    total_steps: int | None = config_field(None, ge=1)
+    val_every: int = config_field(0, ge=0)
     val_before_train: bool = True
-    save_every: int = _field(0, ge=0)
+    save_every: int = config_field(0, ge=0)
     checkpoint_dir: str = "${trainer.output_dir}/checkpoints"
     resume: str = "auto"
     loggers: tuple[LoggerName, ...] = ("console", "jsonl")
@@ -446,7 +223,7 @@ class RunConfig:
     reward_model: RewardModelConfig | None = None
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     resource: ResourceConfig = field(default_factory=ResourceConfig)
-    resharding: ResharderConfig = field(default_factory=ResharderConfig)
+    resharding: ReshardingConfig = field(default_factory=ReshardingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     recipe: Mapping[str, Any] = field(default_factory=FrozenMap)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)

@@ -1,17 +1,31 @@
-"""Sizes that follow from a run config, computed in this one place and never written back into it.
+"""Sizes and values that follow from a run config, computed in this one place and never written back
+into it.
 
 The same code checks that the sizes divide (reporting through :class:`Problems` during validation) and
 computes them (:func:`derive_sizes`), so the rules and the arithmetic cannot drift apart.
+:func:`derive_values` gives each worker role what it takes from outside its own sections.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from hybridflow.algos import AGGREGATION_MODES
+from hybridflow.rollout.config import EngineDerived
 from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, OptimizedRoleConfig, RunConfig
+from workers.config import ActorDerived, CriticDerived
 
-__all__ = ["DerivedSizes", "UpdateSizes", "check_sizes", "derive_sizes", "unknown_pool"]
+__all__ = [
+    "DerivedSizes",
+    "DerivedValues",
+    "UpdateSizes",
+    "check_sizes",
+    "derive_sizes",
+    "derive_values",
+    "unknown_pool",
+]
 
 _WORLD_KEYS = ("resource.nodes", "resource.slots_per_node", "resource.placement", "resource.pools")
 
@@ -77,6 +91,61 @@ def derive_sizes(config: RunConfig) -> DerivedSizes:
     problems.raise_if_any()
     assert sizes is not None  # check_sizes returns None only after recording a problem
     return sizes
+
+
+@dataclass(frozen=True)
+class DerivedValues:
+    """What the worker roles take from outside their own sections, beside those sections.
+
+    Attributes:
+        actor: the actor/rollout worker's (its ``engine`` holds the engine's).
+        critic: the critic worker's; null without a critic.
+    """
+
+    actor: ActorDerived
+    critic: CriticDerived | None
+
+
+def derive_values(config: RunConfig, sizes: DerivedSizes, total_steps: int, model_dir: str | Path) -> DerivedValues:
+    """The values each worker role of ``config`` takes from outside its sections, for a run of
+    ``total_steps`` steps on the policy in ``model_dir``.
+
+    - the learning-rate schedules span ``total_steps * optimizer_steps_per_step`` optimizer steps;
+    - the losses' ``seq-mean-token-sum-norm`` constant is ``data.max_response_length``;
+    - the engine's dtype is ``rollout.dtype``, or ``model.dtype`` when null, and its ``max_model_len``
+      is ``data.max_prompt_length + data.max_response_length``;
+    - the shuffles (and the value head's initial weights) are seeded by ``data.seed``;
+    - the weights load in ``model.dtype``; the reference policy is held when ``needs_reference``.
+
+    The actor's loss and the critic's aggregation are resolved here, in the controller, where a
+    recipe's own registrations exist (they travel to the workers with these values).
+    """
+    data = config.data
+    norm_constant = float(data.max_response_length)
+    engine = EngineDerived(
+        dtype=config.rollout.dtype or config.model.dtype,
+        max_model_len=data.max_prompt_length + data.max_response_length,
+    )
+    actor = ActorDerived(
+        model_path=str(model_dir),
+        objective=config.actor.objective(norm_constant),
+        dtype=config.model.dtype,
+        optimizer_steps=max(1, total_steps * sizes.actor.optimizer_steps_per_step),
+        seed=data.seed,
+        with_ref=config.needs_reference,
+        engine=engine,
+    )
+    critic = None
+    if config.critic is not None and sizes.critic is not None:
+        critic = CriticDerived(
+            model_path=str(model_dir),
+            aggregation=AGGREGATION_MODES.get(config.critic.loss_agg_mode),
+            dtype=config.model.dtype,
+            optimizer_steps=max(1, total_steps * sizes.critic.optimizer_steps_per_step),
+            seed=data.seed,
+            loss_norm_constant=norm_constant,
+        )
+    return DerivedValues(actor=actor, critic=critic)
 
 
 def unknown_pool(config: RunConfig, role: str) -> str | None:

@@ -1,32 +1,19 @@
 """`MonitorConfig`: thresholds and windows of the training monitor, in one frozen dataclass.
 
 It is also the ``monitor`` section of the trainer's run config: each numeric field declares its range in
-its metadata (``{"bounds": {"ge"|"gt"|"le": limit}}``), which the config loader reports per key and
-:meth:`MonitorConfig.__post_init__` checks for a config built in code. A threshold set to ``None``
+its metadata (`hybridflow.config_fields.config_field`), which the config loader reports per key and
+:meth:`MonitorConfig.__post_init__` checks for a config built in code (`check_bounds`). A threshold set to ``None``
 switches its alarm off.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridflow.config_fields import check_bounds, config_field
 
 __all__ = ["MonitorConfig"]
-
-
-def _bounded(
-    default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None
-) -> Any:
-    bounds = {name: limit for name, limit in (("ge", ge), ("gt", gt), ("le", le)) if limit is not None}
-    return field(default=default, metadata={"bounds": bounds})
-
-
-_CHECKS = {
-    "ge": (">=", lambda value, limit: value >= limit),
-    "gt": (">", lambda value, limit: value > limit),
-    "le": ("<=", lambda value, limit: value <= limit),
-}
 
 
 @dataclass(frozen=True)
@@ -58,39 +45,32 @@ class MonitorConfig:
 
     enabled: bool = True
     stop_on_alarm: bool = False
-    drift_window: int = _bounded(512, ge=1)
+    drift_window: int = config_field(512, ge=1)
     drift_reference: Literal["previous", "first"] = "previous"
-    drift_bins: int = _bounded(10, ge=2)
-    psi_threshold: float | None = _bounded(0.25, gt=0)
-    ks_threshold: float | None = _bounded(0.3, gt=0, le=1)
-    trend_window: int = _bounded(20, ge=3)
+    drift_bins: int = config_field(10, ge=2)
+    psi_threshold: float | None = config_field(0.25, gt=0)
+    ks_threshold: float | None = config_field(0.3, gt=0, le=1)
+    trend_window: int = config_field(20, ge=3)
     accuracy_columns: tuple[str, ...] = ("rule_scores", "scores")
     correct_threshold: float = 1.0
-    accuracy_flat: float = _bounded(0.02, ge=0)
-    length_rise: float | None = _bounded(0.25, gt=0)
+    accuracy_flat: float = config_field(0.02, ge=0)
+    length_rise: float | None = config_field(0.25, gt=0)
     format_fn: str | None = None
-    format_saturation: float = _bounded(0.95, gt=0, le=1)
-    format_rise: float | None = _bounded(0.2, gt=0)
-    repetition_ngram: int = _bounded(4, ge=1)
-    repetition_rise: float | None = _bounded(0.1, gt=0)
-    rm_divergence: float | None = _bounded(1.0, gt=0)
-    zero_advantage_frac: float | None = _bounded(1.0, gt=0, le=1)
-    truncation_frac: float | None = _bounded(0.5, gt=0, le=1)
+    format_saturation: float = config_field(0.95, gt=0, le=1)
+    format_rise: float | None = config_field(0.2, gt=0)
+    repetition_ngram: int = config_field(4, ge=1)
+    repetition_rise: float | None = config_field(0.1, gt=0)
+    rm_divergence: float | None = config_field(1.0, gt=0)
+    zero_advantage_frac: float | None = config_field(1.0, gt=0, le=1)
+    truncation_frac: float | None = config_field(0.5, gt=0, le=1)
     entropy_key: str = "actor/entropy"
-    entropy_floor: float | None = _bounded(0.05, gt=0)
+    entropy_floor: float | None = config_field(0.05, gt=0)
     clip_frac_key: str = "actor/clip_frac"
-    clip_frac_low: float = _bounded(0.0, ge=0, le=1)
-    clip_frac_high: float = _bounded(0.9, gt=0, le=1)
-    clip_patience: int | None = _bounded(10, ge=1)
+    clip_frac_low: float = config_field(0.0, ge=0, le=1)
+    clip_frac_high: float = config_field(0.9, gt=0, le=1)
+    clip_patience: int | None = config_field(10, ge=1)
     loss_key: str = "actor/pg_loss"
     warn_zero_loss: bool = True
 
     def __post_init__(self) -> None:
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            bounds = spec.metadata.get("bounds", {})
-            if not all(_CHECKS[name][1](value, limit) for name, limit in bounds.items()):
-                allowed = " and ".join(f"{_CHECKS[name][0]} {limit}" for name, limit in bounds.items())
-                raise ValueError(f"MonitorConfig.{spec.name} must be {allowed}, got {value}")
+        check_bounds(self, "monitor")
