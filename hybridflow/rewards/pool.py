@@ -17,10 +17,10 @@ How work moves (the choice, and why):
   SIGKILL, reports that sample as timed out, starts a fresh worker and hands it the rest of the chunk.
   A worker that dies (segfault, ``os._exit``) costs only the sample it was running, reported as an
   error.
-- **A hanging function is judged by its first rows.** When the first ``hang_rows`` results of a
+- **A hanging function is judged by its first rows.** When the first ``HANG_ROWS`` (3) results of a
   function in one call are all timeouts, its other rows of the call are not run: they are reported as
   timed out at once, and the workers busy with them are replaced. A function that hangs on every row
-  so costs about ``ceil(hang_rows / num_workers) * (timeout_s + kill_grace_s)`` per call instead of
+  so costs about ``ceil(HANG_ROWS / num_workers) * (timeout_s + kill_grace_s)`` per call instead of
   ``rows * timeout_s / num_workers``. One result that is not a timeout first (a score, an error)
   clears the function for the rest of the call.
 - **Setup outside the timer.** A reward function may carry a ``prepare`` attribute, a callable without
