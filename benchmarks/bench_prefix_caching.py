@@ -37,12 +37,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
 from hybridflow.data.char_tokenizer import build_char_tokenizer  # noqa: E402
 from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
 from hybridflow.parallel.launch import run_ranks  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
-from hybridflow.rollout import RolloutConfig, SamplingParams, build_rollout_engine  # noqa: E402
+from hybridflow.rollout import EngineDerived, RolloutConfig, SamplingParams, build_rollout_engine  # noqa: E402
 from recipes.re2.re2_prefixes import continuation_prompts, cut_lengths  # noqa: E402
 
 
@@ -87,15 +86,14 @@ def timed_generation(
     """In this process: one engine (prefix caching ``caching``), each workload's continuations timed."""
     tokenizer = build_char_tokenizer()
     config = RolloutConfig(
-        name="vllm",
-        max_model_len=1024,
-        kv_cache_memory_bytes=512 << 20,
+        engine="vllm",
+        kv_cache_bytes=512 << 20,
         max_num_seqs=256,
         enforce_eager=True,
         cache_dir=str(REPO / ".cache" / "compile"),
         enable_prefix_caching=caching,
     )
-    engine = build_rollout_engine(config, model_dir)
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=1024))
     out: dict[str, Any] = {}
     for workload in workloads:
         prompts = workload.prompts(tokenizer.pad_token_id, len(tokenizer))

@@ -19,8 +19,7 @@ from recipes.re2 import main as re2
 from recipes.re2 import re2_prefixes as prefixes
 from recipes.re2 import re2_redo as redo
 from recipes.re2 import re2_task as task
-from trainer.config import derive_sizes, load_config
-from trainer.roles import actor_settings
+from trainer.config import derive_sizes, derive_values, load_config
 from trainer.steps import compute_advantages
 
 PHRASE = redo.REDO_PHRASE
@@ -238,7 +237,7 @@ def test_prefix_tokens_carry_no_loss(tmp_path):
     """A continuation row holds its prefix in the prompt: the recipe's DAPO loss reaches the logits that
     predict continuation tokens and never the one that predicts the prefix token."""
     config = recipe_config(tmp_path)
-    objective = actor_settings(config, derive_sizes(config), total_steps=1).objective
+    objective = derive_values(config, derive_sizes(config), 1, "").actor.objective
     model = build_tiny_causal_lm(len(TOKENIZER), seed=0, initializer_range=0.2)
     prompt = Batch(
         {"input_ids": torch.tensor([ids("12+7=")]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}

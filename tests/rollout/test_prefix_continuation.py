@@ -15,7 +15,13 @@ import pytest
 
 from hybridflow.models import load_causal_lm
 from hybridflow.parallel.launch import run_ranks
-from hybridflow.rollout import RolloutConfig, SamplingParams, build_rollout_engine, response_log_probs
+from hybridflow.rollout import (
+    EngineDerived,
+    RolloutConfig,
+    SamplingParams,
+    build_rollout_engine,
+    response_log_probs,
+)
 from recipes.re2.re2_prefixes import continuation_prompts
 from tests.rollout import _tiny
 
@@ -28,14 +34,13 @@ RATIOS = (0.2, 0.5, 0.8)  # each row's prefix: this share of its greedy sample's
 
 def _continuation_checks(rank: int, world_size: int, model_dir: Path) -> dict[str, Any]:
     config = RolloutConfig(
-        name="vllm",
-        kv_cache_memory_bytes=64 << 20,
-        max_model_len=128,
+        engine="vllm",
+        kv_cache_bytes=64 << 20,
         max_num_seqs=32,
         enforce_eager=True,
         cache_dir=str(_tiny.CACHE_DIR),
     )
-    engine = build_rollout_engine(config, model_dir)
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=128))
     prompts = _tiny.prompts()
     pad = _tiny.tokenizer().pad_token_id
     whole = engine.generate(prompts, GREEDY)
