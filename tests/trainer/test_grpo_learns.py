@@ -100,3 +100,10 @@ def held_out_accuracy_before_and_after(root: Path, seed: int, *extra: str) -> tu
 def test_grpo_raises_held_out_accuracy(ray_cluster, tmp_path):
     before, after = held_out_accuracy_before_and_after(tmp_path, seed=0)
     assert after >= before + MARGIN, f"held-out accuracy went {before:.1%} -> {after:.1%} in {GRPO_STEPS} steps"
+    # A healthy run raises no monitor alarm: one on-policy optimizer step per batch keeps the clip
+    # fraction at 0 by construction, which is no alarm.
+    rows = read_jsonl(tmp_path / "run-0" / "metrics.jsonl")
+    alarm_keys = [[key for key in row if key.startswith("monitor/alarm/")] for row in rows]
+    assert any(alarm_keys), "no monitor metrics were logged"
+    alarms = [f"step {row['step']}: {key}" for row, keys in zip(rows, alarm_keys, strict=True) for key in keys if row[key]]
+    assert not alarms, f"monitor alarms on a healthy run: {alarms}"
