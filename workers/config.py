@@ -235,7 +235,7 @@ class ActorDerived:
     model_path: str
     objective: PolicyObjective
     dtype: Dtype = "float32"
-    optimizer_steps: int = config_field(1, ge=1)
+    optimizer_steps: int = 1
     seed: int = 0
     with_ref: bool = True
     engine: EngineDerived = field(default_factory=EngineDerived)
@@ -257,6 +257,6 @@ class CriticDerived:
     model_path: str
     aggregation: Callable[..., Any]
     dtype: Dtype = "float32"
-    optimizer_steps: int = config_field(1, ge=1)
+    optimizer_steps: int = 1
     seed: int = 0
     loss_norm_constant: float | None = None

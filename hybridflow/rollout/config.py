@@ -90,4 +90,4 @@ class EngineDerived:
     """
 
     dtype: Dtype = "float32"
-    max_model_len: int = config_field(1024, ge=1)
+    max_model_len: int = 1024
