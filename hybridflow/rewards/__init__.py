@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hybridflow.rewards import rule_based
+from hybridflow.rewards import code_execution, rule_based
 from hybridflow.rewards.config import RewardConfig, ShapingSpec
 from hybridflow.rewards.custom import load_reward_function
 from hybridflow.rewards.registry import (
@@ -42,6 +42,7 @@ __all__ = [
     "RewardFunctionFailingError",
     "RewardManager",
     "ShapingSpec",
+    "code_execution",
     "exact_match_reward",
     "get_reward_function",
     "get_reward_shaping",
