@@ -15,9 +15,11 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 install: $(STAMP)
 
+# The sandbox (hybridflow.sandbox, docs/sandbox.md) needs bubblewrap; CI runs as root on Debian.
 # vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which are built against CUDA
 # torch and break imports next to the CPU torch: remove them after the install.
 $(STAMP): pyproject.toml
+	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]" $(TORCH_PIN)
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
