@@ -46,7 +46,8 @@ class SandboxLimits:
 
     ``cpu_seconds``, ``memory_bytes`` (address space), ``max_processes``, ``max_open_files`` and
     ``max_file_bytes`` (largest file the run may write) are rlimits set inside the sandbox before the
-    program starts. ``wall_seconds`` and ``max_output_bytes`` are enforced from outside: the run is killed
+    program starts; ``max_tmp_bytes`` is the size of the run's writable ``/tmp`` (a tmpfs, so it is
+    memory, counted apart from ``memory_bytes``). ``wall_seconds`` and ``max_output_bytes`` are enforced from outside: the run is killed
     when either is passed.
     """
 
@@ -56,6 +57,7 @@ class SandboxLimits:
     max_processes: int = config_field(16, ge=1)
     max_open_files: int = config_field(64, ge=16)
     max_file_bytes: int = config_field(16 * 2**20, ge=0)
+    max_tmp_bytes: int = config_field(64 * 2**20, ge=2**20)
     max_output_bytes: int = config_field(64 * 2**10, ge=1)
 
     def __post_init__(self) -> None:

@@ -8,8 +8,9 @@ One run, from outside in:
    from the process-count limit, and the sandbox's user (uid 1000 inside) is nobody outside. The file tree it
    shows holds ``/usr`` (read-only, with the ``/bin`` and ``/lib*`` links of a merged-usr system), a
    fresh ``/proc`` and ``/dev``, a synthetic ``/etc/passwd`` and ``/etc/group``, the launcher
-   (read-only) and the run's private directory at ``/tmp``: the only writable place, deleted after the run
-   (the root and ``/dev`` are remounted read-only).
+   (read-only) and the run's private directory at ``/tmp``: a tmpfs of at most ``max_tmp_bytes``, the
+   only writable place, gone with the run (the root and ``/dev`` are remounted read-only). The run's
+   input files appear in it read-only.
    Nothing else of the host is visible: not the project, not ``/root``, not the host's ``/etc``.
 2. bwrap installs the seccomp filter of :mod:`hybridflow.sandbox.seccomp` (it also sets no-new-privs).
 3. The launcher (:mod:`hybridflow.sandbox.launch`) sets the rlimits and execs the program.
@@ -121,7 +122,8 @@ class Sandbox:
             code: Python source (run as ``/tmp/main.py`` by the sandbox's python), or an argv whose first
                 item is an absolute path inside the sandbox (``["/usr/bin/sleep", "1"]``).
             stdin: text fed to the program's standard input.
-            files: more files for the run's directory, by relative name (``{"data.txt": "..."}``).
+            files: more files for the run's directory, by relative name (``{"data.txt": "..."}``); they are
+                read-only inside (a program that edits one copies it first).
             limits: this run's limits instead of the sandbox's.
         """
         limits = limits if limits is not None else self.limits
@@ -141,7 +143,7 @@ class Sandbox:
             Path(root, "group").write_text(_GROUP)
             shutil.copyfile(_LAUNCHER, Path(root, "launch.py"))
             if os.geteuid() == 0:
-                # bwrap runs as nobody, who must reach the run's files and own its directory.
+                # bwrap runs as nobody, who must read the run's files.
                 for path in (Path(root), *Path(root).rglob("*")):
                     os.chown(path, _HOST_UID, _HOST_UID)
             argv = [self.python, "-I", "/tmp/main.py"] if isinstance(code, str) else list(code)
@@ -162,6 +164,8 @@ class Sandbox:
     def _command(self, root: str, argv: list[str], limits: SandboxLimits, filter_fd: int) -> list[str]:
         rlimits = [limits.cpu_seconds, limits.memory_bytes, limits.max_processes, limits.max_open_files]
         rlimits.append(limits.max_file_bytes)
+        work = Path(root, "work")
+        inputs = [path.relative_to(work) for path in sorted(work.rglob("*")) if path.is_file()]
         return [
             self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--uid", str(_UID), "--gid", str(_UID), "--hostname", "sandbox",
@@ -171,7 +175,9 @@ class Sandbox:
             "--proc", "/proc", "--dev", "/dev",
             "--ro-bind", f"{root}/passwd", "/etc/passwd", "--ro-bind", f"{root}/group", "/etc/group",
             "--ro-bind", f"{root}/launch.py", _INNER_LAUNCHER,
-            "--bind", f"{root}/work", "/tmp", "--chdir", "/tmp",
+            "--size", str(limits.max_tmp_bytes), "--tmpfs", "/tmp",
+            *[item for name in inputs for item in ("--ro-bind", str(work / name), f"/tmp/{name}")],
+            "--chdir", "/tmp",
             "--remount-ro", "/", "--remount-ro", "/dev",
             "--clearenv", *[item for key, value in _ENV.items() for item in ("--setenv", key, value)],
             "--seccomp", str(filter_fd),

@@ -254,3 +254,22 @@ def test_missing_bwrap_stops_with_a_named_error(monkeypatch):
 def test_files_outside_the_run_directory_are_refused(sandbox):
     with pytest.raises(ValueError, match="outside the run's directory"):
         sandbox.run("print(1)\n", files={"../escape.py": "x"})
+
+
+def test_private_directory_is_bounded_and_inputs_are_read_only(sandbox):
+    limits = SandboxLimits(max_tmp_bytes=2 * 2**20)
+    code = (
+        "import errno\n"
+        "print(open('data/in.txt').read())\n"
+        "try:\n"
+        "    open('data/in.txt', 'w')\n"
+        "except OSError as error:\n"
+        "    print(errno.errorcode[error.errno])\n"
+        "open('small', 'wb').write(b'x' * 2**20)\n"
+        "try:\n"
+        "    open('large', 'wb').write(b'x' * 2**21)\n"
+        "except OSError as error:\n"
+        "    print(errno.errorcode[error.errno])\n"
+    )
+    result = sandbox.run(code, files={"data/in.txt": "given"}, limits=limits)
+    assert (result.outcome, result.stdout) == (Outcome.OK, "given\nEROFS\nENOSPC\n"), result
