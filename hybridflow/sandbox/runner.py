@@ -89,7 +89,8 @@ class Sandbox:
         max_workers: threads of the pool behind :meth:`submit` and :meth:`run_async`.
 
     Raises:
-        SandboxUnavailableError: ``bwrap``, ``python`` or libseccomp is missing.
+        SandboxUnavailableError: ``bwrap``, ``python`` or libseccomp is missing, or a trial run of
+            ``/usr/bin/true`` in the sandbox fails (bwrap's message is quoted).
     """
 
     def __init__(
@@ -108,6 +109,12 @@ class Sandbox:
         self.python = python
         self._filter = build_filter()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
+        # A kernel without user namespaces, or a bwrap that cannot mount, fails here and not as a program error.
+        probe = self.run(["/usr/bin/true"])
+        if probe.outcome is not Outcome.OK:
+            raise SandboxUnavailableError(
+                f"bwrap cannot build the sandbox on this machine: {probe.stderr.strip()}"
+            )
 
     def run(
         self,
