@@ -1,10 +1,9 @@
-"""A sandbox for model-written code: bubblewrap namespaces, rlimits and a libseccomp filter.
+"""A sandbox for model-written code: bubblewrap namespaces, rlimits (prlimit) and a libseccomp filter.
 
 - :mod:`~hybridflow.sandbox.limits`: :class:`SandboxLimits`, :class:`SandboxResult`, :class:`Outcome`,
   :class:`SandboxUnavailableError`;
 - :mod:`~hybridflow.sandbox.runner`: :class:`Sandbox`, which runs code;
 - :mod:`~hybridflow.sandbox.seccomp`: the system-call filter;
-- :mod:`~hybridflow.sandbox.launch`: the program inside the sandbox that sets the rlimits.
 
 See docs/sandbox.md.
 """

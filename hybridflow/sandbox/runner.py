@@ -5,15 +5,17 @@ One run, from outside in:
 1. ``bwrap`` (Debian package ``bubblewrap``) builds new user, pid, network, IPC, UTS, mount and cgroup
    namespaces, drops every capability, starts a new session, and dies with its parent. Started by root,
    bwrap itself runs as the host user ``nobody`` (uid 65534): the kernel exempts processes of host root
-   from the process-count limit, and the sandbox's user (uid 1000 inside) is nobody outside. The file tree it
-   shows holds ``/usr`` (read-only, with the ``/bin`` and ``/lib*`` links of a merged-usr system), a
-   fresh ``/proc`` and ``/dev``, a synthetic ``/etc/passwd`` and ``/etc/group``, the launcher
-   (read-only) and the run's private directory at ``/tmp``: a tmpfs of at most ``max_tmp_bytes``, the
-   only writable place, gone with the run (the root and ``/dev`` are remounted read-only). The run's
-   input files appear in it read-only.
-   Nothing else of the host is visible: not the project, not ``/root``, not the host's ``/etc``.
+   from the process-count limit, and the sandbox's user (uid 1000 inside) is nobody outside. The file
+   tree it shows holds ``/usr`` (read-only, with the ``/bin`` and ``/lib*`` links of a merged-usr
+   system), a fresh ``/proc`` and ``/dev``, a synthetic ``/etc/passwd`` and ``/etc/group``, and the
+   run's private directory at ``/tmp``: a tmpfs of at most ``max_tmp_bytes``, the only writable place,
+   gone with the run (the root and ``/dev`` are remounted read-only). The run's input files appear in
+   it read-only. Nothing else of the host is visible: not the project, not ``/root``, not the host's
+   ``/etc``.
 2. bwrap installs the seccomp filter of :mod:`hybridflow.sandbox.seccomp` (it also sets no-new-privs).
-3. The launcher (:mod:`hybridflow.sandbox.launch`) sets the rlimits and execs the program.
+3. ``prlimit`` (util-linux, in ``/usr/bin``) sets the rlimits on itself and execs the program. The CPU
+   limit's hard value is one second above its soft one, so SIGXCPU comes first and SIGKILL follows if
+   the program ignores it.
 
 The environment holds only ``PATH``, ``HOME`` and ``LANG``. Output is read in chunks as it comes, so a
 program printing a gigabyte is killed at ``max_output_bytes`` without the bytes ever being held. On
@@ -41,8 +43,7 @@ from hybridflow.sandbox.seccomp import build_filter
 
 __all__ = ["Sandbox"]
 
-_LAUNCHER = Path(__file__).with_name("launch.py")
-_INNER_LAUNCHER = "/opt/launch.py"
+_PRLIMIT = "/usr/bin/prlimit"
 _UID = 1000
 _HOST_UID = 65534  # "nobody": the host user the sandbox runs as when started by root
 _PASSWD = f"sandbox:x:{_UID}:{_UID}:sandbox:/tmp:/usr/sbin/nologin\n"
@@ -89,7 +90,7 @@ class Sandbox:
         max_workers: threads of the pool behind :meth:`submit` and :meth:`run_async`.
 
     Raises:
-        SandboxUnavailableError: ``bwrap``, ``python`` or libseccomp is missing, or a trial run of
+        SandboxUnavailableError: ``bwrap``, ``prlimit``, ``python`` or libseccomp is missing, or a trial run of
             ``/usr/bin/true`` in the sandbox fails (bwrap's message is quoted).
     """
 
@@ -105,6 +106,10 @@ class Sandbox:
             )
         if not python.startswith("/usr/") or not os.access(python, os.X_OK):
             raise SandboxUnavailableError(f"sandbox python {python!r} is missing or not under /usr")
+        if not os.access(_PRLIMIT, os.X_OK):
+            raise SandboxUnavailableError(
+                f"{_PRLIMIT} is missing (Debian package util-linux); it sets the rlimits"
+            )
         self.bwrap = bwrap
         self.python = python
         self._filter = build_filter()
@@ -148,7 +153,6 @@ class Sandbox:
                 target.write_bytes(content.encode() if isinstance(content, str) else content)
             Path(root, "passwd").write_text(_PASSWD)
             Path(root, "group").write_text(_GROUP)
-            shutil.copyfile(_LAUNCHER, Path(root, "launch.py"))
             if os.geteuid() == 0:
                 # bwrap runs as nobody, who must read the run's files.
                 for path in (Path(root), *Path(root).rglob("*")):
@@ -169,8 +173,14 @@ class Sandbox:
         self._pool.shutdown(wait=True)
 
     def _command(self, root: str, argv: list[str], limits: SandboxLimits, filter_fd: int) -> list[str]:
-        rlimits = [limits.cpu_seconds, limits.memory_bytes, limits.max_processes, limits.max_open_files]
-        rlimits.append(limits.max_file_bytes)
+        rlimits = [
+            f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+            f"--as={limits.memory_bytes}",
+            f"--nproc={limits.max_processes}",
+            f"--nofile={limits.max_open_files}",
+            f"--fsize={limits.max_file_bytes}",
+            "--core=0",
+        ]
         work = Path(root, "work")
         inputs = [path.relative_to(work) for path in sorted(work.rglob("*")) if path.is_file()]
         return [
@@ -181,14 +191,13 @@ class Sandbox:
             "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc", "--dev", "/dev",
             "--ro-bind", f"{root}/passwd", "/etc/passwd", "--ro-bind", f"{root}/group", "/etc/group",
-            "--ro-bind", f"{root}/launch.py", _INNER_LAUNCHER,
             "--size", str(limits.max_tmp_bytes), "--tmpfs", "/tmp",
             *[item for name in inputs for item in ("--ro-bind", str(work / name), f"/tmp/{name}")],
             "--chdir", "/tmp",
             "--remount-ro", "/", "--remount-ro", "/dev",
             "--clearenv", *[item for key, value in _ENV.items() for item in ("--setenv", key, value)],
             "--seccomp", str(filter_fd),
-            "--", self.python, "-I", "-S", _INNER_LAUNCHER, *map(str, rlimits), "--", *argv,
+            "--", _PRLIMIT, *rlimits, "--", *argv,
         ]  # fmt: skip
 
     def _execute(self, root: str, argv: list[str], stdin: str, limits: SandboxLimits) -> SandboxResult:

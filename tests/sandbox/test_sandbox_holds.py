@@ -57,7 +57,7 @@ HOSTILE = {
     "write_outside": (
         "import json\n"
         "written = []\n"
-        "for path in ('/usr/hostile', '/etc/hostile', '/hostile', '/opt/hostile', '/bin/hostile', '/dev/hostile', '/dev/shm/hostile', '/tmp/inside'):\n"
+        "for path in ('/usr/hostile', '/etc/hostile', '/hostile', '/proc/hostile', '/bin/hostile', '/dev/hostile', '/dev/shm/hostile', '/tmp/inside'):\n"
         "    try:\n"
         "        with open(path, 'w') as handle:\n"
         "            handle.write('x')\n"
@@ -185,18 +185,7 @@ def test_host_files_are_invisible(hostile):
     assert report["project"] is False
     assert report["home"] is False
     assert report["home_listing"] == ["prog.py"]  # home is the run's own directory
-    assert report["root_listing"] == [
-        "bin",
-        "dev",
-        "etc",
-        "lib",
-        "lib64",
-        "opt",
-        "proc",
-        "sbin",
-        "tmp",
-        "usr",
-    ]
+    assert report["root_listing"] == ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr"]
 
 
 def test_only_the_private_directory_is_writable(hostile):
