@@ -19,7 +19,7 @@ One run, from outside in:
 
 The environment holds only ``PATH``, ``HOME`` and ``LANG``. Output is read in chunks as it comes, so a
 program printing a gigabyte is killed at ``max_output_bytes`` without the bytes ever being held. On
-wall timeout, or when the output cap is passed, the bwrap process is killed; the sandbox's pid 1 dies
+wall timeout, or when the output cap is passed, the bwrap process is killed (through a pidfd); the sandbox's pid 1 dies
 with it (``--die-with-parent``) and the kernel kills every process left in its pid namespace.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -213,23 +214,29 @@ class Sandbox:
             )  # fmt: skip
         finally:
             os.close(filter_fd)
-        capture = _Capture(limits.max_output_bytes, lambda: _kill(process))
+        # A pidfd names this bwrap process and no other, even after it exits: killing through it cannot hit
+        # a reused pid, and polling it waits for the exit without Popen.wait's sleep-and-retry latency.
+        pidfd = os.pidfd_open(process.pid)
+        capture = _Capture(limits.max_output_bytes, lambda: _kill(pidfd))
         threads = [
             threading.Thread(target=capture.read, args=(process.stdout, "stdout"), daemon=True),
             threading.Thread(target=capture.read, args=(process.stderr, "stderr"), daemon=True),
-            threading.Thread(target=_feed, args=(process.stdin, stdin.encode()), daemon=True),
         ]
+        if stdin:
+            threads.append(threading.Thread(target=_feed, args=(process.stdin, stdin.encode()), daemon=True))
+        else:
+            process.stdin.close()
         for thread in threads:
             thread.start()
-        timed_out = False
-        try:
-            process.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill(process)
-            process.wait()
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        timed_out = not poller.poll(limits.wall_seconds * 1000)
+        if timed_out:
+            _kill(pidfd)
+        process.wait()
         for thread in threads:
             thread.join()
+        os.close(pidfd)  # after the readers, the last to kill through it
         seconds = time.monotonic() - start
         process.stdout.close()
         process.stderr.close()
@@ -248,10 +255,10 @@ def _host_user() -> dict[str, object]:
     return {"user": _HOST_UID, "group": _HOST_UID, "extra_groups": []}
 
 
-def _kill(process: subprocess.Popen) -> None:
-    """SIGKILL bwrap's process group; the sandbox's pid namespace dies with bwrap."""
+def _kill(pidfd: int) -> None:
+    """SIGKILL bwrap (alone in its session); the sandbox's pid namespace dies with it."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
 def _feed(pipe, data: bytes) -> None:
