@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from hybridflow.rewards import get_reward_function
+from hybridflow.protocol import Batch
+from hybridflow.rewards import RewardConfig, RewardManager, get_reward_function
 from hybridflow.rewards.code_execution import CASE_LIMITS, _sandbox, run_cases
 
 # Read two integers, print their sum.
@@ -61,3 +62,20 @@ def test_timeouts_and_limits_are_counted():
 def test_bad_ground_truth_names_the_case():
     with pytest.raises(ValueError, match="test case 1"):
         get_reward_function("code_execution")("code", CORRECT, [{"stdin": "", "stdout": ""}, {"input": "1"}])
+
+
+def test_through_the_reward_manager():
+    """The registered name works in the manager's worker processes, each building its sandbox at start."""
+    solutions = [CORRECT, WRONG, CRASHING]
+    batch = Batch(
+        {},
+        {
+            "response_text": solutions,
+            "ground_truth": [IO_CASES] * len(solutions),
+            "data_source": ["code"] * len(solutions),
+        },
+    )
+    config = RewardConfig(num_workers=1, timeout_s=30.0, default_fn="code_execution", abort_failure_rate=None)
+    with RewardManager(config) as manager:
+        scores = manager(batch)["scores"].tolist()
+    assert scores == pytest.approx([1.0, 2 / 3, 1 / 3])
