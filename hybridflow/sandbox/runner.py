@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 from hybridflow.sandbox.limits import Outcome, SandboxLimits, SandboxResult, SandboxUnavailableError
 from hybridflow.sandbox.seccomp import build_filter
@@ -65,7 +66,7 @@ class _Capture:
         self._lock = threading.Lock()
         self._on_overflow = on_overflow
 
-    def read(self, stream, name: str) -> None:
+    def read(self, stream: IO[bytes], name: str) -> None:
         """Read ``stream`` to its end; past the cap, keep nothing more and kill the run once."""
         while chunk := stream.read1(_CHUNK):
             with self._lock:
@@ -161,11 +162,11 @@ class Sandbox:
             argv = [self.python, "-I", "/tmp/main.py"] if isinstance(code, str) else list(code)
             return self._execute(root, argv, stdin, limits)
 
-    def submit(self, code: str | Sequence[str], **kwargs) -> Future[SandboxResult]:
+    def submit(self, code: str | Sequence[str], **kwargs: Any) -> Future[SandboxResult]:
         """:meth:`run` on the sandbox's thread pool."""
         return self._pool.submit(self.run, code, **kwargs)
 
-    async def run_async(self, code: str | Sequence[str], **kwargs) -> SandboxResult:
+    async def run_async(self, code: str | Sequence[str], **kwargs: Any) -> SandboxResult:
         """:meth:`run` awaited from an event loop, on the sandbox's thread pool."""
         return await asyncio.wrap_future(self.submit(code, **kwargs))
 
@@ -261,7 +262,7 @@ def _kill(pidfd: int) -> None:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
-def _feed(pipe, data: bytes) -> None:
+def _feed(pipe: IO[bytes], data: bytes) -> None:
     """Write stdin and close it; a program that exits without reading it closes the pipe first."""
     try:
         pipe.write(data)
