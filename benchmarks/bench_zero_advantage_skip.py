@@ -37,9 +37,9 @@ from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rollout.config import RolloutConfig
+from hybridflow.row_order import balanced_update_order
 from workers.actor import ActorRolloutRefWorker
 from workers.config import ActorConfig, ActorDerived, RefConfig
-from workers.training import balanced_update_order
 
 
 def grpo_batch(

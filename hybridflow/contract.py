@@ -5,8 +5,8 @@ the controller, before anything is sent and after the results come back. Control
 with `step_columns`. Either way a missing column is a `MissingColumnError` that names the step and the
 column, instead of a ``KeyError`` deep inside a worker.
 
-Rollouts can stay on the workers that generated them (`workers.rollout_store`): a batch then carries
-``rollout_ids`` in place of the columns the workers hold, and a method declares those with ``held``.
+The standard columns' names and meanings live here too (`COLUMNS`), so that controller steps and
+workers name them from one place.
 """
 
 from __future__ import annotations
@@ -15,14 +15,59 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import torch
+
 from hybridflow.protocol import Batch
 
-__all__ = ["ROLLOUT_IDS", "MissingColumnError", "first_batch", "require_columns", "step_columns"]
+__all__ = [
+    "ADVANTAGES",
+    "COLUMNS",
+    "LOG_PROB_COLUMNS",
+    "LOSS_MASK",
+    "MODEL_INPUTS",
+    "PROMPT_INPUTS",
+    "RESPONSE_INPUTS",
+    "MissingColumnError",
+    "first_batch",
+    "loss_response_mask",
+    "require_columns",
+    "step_columns",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ROLLOUT_IDS = "rollout_ids"
-"""``rollout_ids [rows]`` int64: the ids under which the workers hold a step's rollout rows."""
+COLUMNS: dict[str, str] = {
+    "input_ids": "[rows, prompt_len] int64: prompt tokens, left-padded",
+    "attention_mask": "[rows, prompt_len] int64: 1 on the prompt's tokens, 0 on its padding",
+    "responses": "[rows, response_len] int64: sampled response tokens, right-padded",
+    "response_mask": "[rows, response_len] int64: 1 on the response's tokens, 0 on its padding",
+    "response_lengths": "[rows] int64: valid response tokens per row",
+    "rollout_log_probs": "[rows, response_len] float: the rollout engine's log-probs of the sampled tokens (nats)",
+    "old_log_probs": "[rows, response_len] float: the current policy's log-probs before the update (nats)",
+    "ref_log_probs": "[rows, response_len] float: the frozen reference policy's log-probs (nats)",
+    "values": "[rows, response_len] float: the critic's value at each response position",
+    "scores": "[rows] float: each response's score",
+    "token_level_scores": "[rows, response_len] float: the score at the last valid response token, 0 elsewhere",
+    "token_level_rewards": "[rows, response_len] float: the token rewards after shaping and an in-reward KL",
+    "advantages": "[rows, response_len] float: the advantage of each response token",
+    "returns": "[rows, response_len] float: the return of each response token (the critic's target)",
+    "loss_mask": "[rows, response_len] float: 1 where every actor loss term counts the token, 0 where none "
+    "does; multiplied into response_mask for the loss (`loss_response_mask`), not for the forward",
+    "group_ids": "[rows] int64: the prompt each row answers (rows of one prompt share it)",
+    "response_text": "non-tensor: each row's decoded response",
+}
+"""The standard columns of a rollout Batch: name -> shape, dtype and meaning. A recipe may add its own."""
+
+PROMPT_INPUTS = ("input_ids", "attention_mask")
+"""The prompt columns a generation reads."""
+RESPONSE_INPUTS = ("responses", "response_mask")
+"""The response columns a generation writes and a training-layout forward reads."""
+MODEL_INPUTS = (*PROMPT_INPUTS, *RESPONSE_INPUTS)
+"""The columns every training-layout forward reads: prompt and response tokens and their masks."""
+LOG_PROB_COLUMNS = ("old_log_probs", "ref_log_probs", "rollout_log_probs")
+"""The per-token log-prob columns (nats) a policy loss may read."""
+ADVANTAGES = "advantages"
+LOSS_MASK = "loss_mask"
 
 
 class MissingColumnError(KeyError, ValueError):
@@ -32,24 +77,18 @@ class MissingColumnError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def require_columns(
-    batch: Batch, columns: Iterable[str], step: str, *, produced: bool = False, held: Iterable[str] = ()
-) -> None:
+def require_columns(batch: Batch, columns: Iterable[str], step: str, *, produced: bool = False) -> None:
     """Raise `MissingColumnError` naming ``step`` and every column of ``columns`` that ``batch`` lacks.
 
-    ``produced`` words the message for a step's output rather than its input. ``held`` are columns the
-    workers keep from generation: a batch with ``rollout_ids`` need not carry them.
+    ``produced`` words the message for a step's output rather than its input.
     """
-    held = tuple(held)
-    skipped = held if ROLLOUT_IDS in batch else ()
-    missing = [column for column in columns if column not in batch and column not in skipped]
+    missing = [column for column in columns if column not in batch]
     if not missing:
         return
     what = "returned no column" if produced else "needs column"
     plural = "s" if len(missing) > 1 else ""
-    instead = f" (or {ROLLOUT_IDS!r} of rollouts the workers hold)" if set(missing) & set(held) else ""
     raise MissingColumnError(
-        f"{step} {what}{plural} {', '.join(repr(c) for c in missing)}{instead}; "
+        f"{step} {what}{plural} {', '.join(repr(c) for c in missing)}; "
         f"the batch has: {', '.join(sorted(batch.keys())) or '(no columns)'}"
     )
 
@@ -91,3 +130,25 @@ def step_columns(*, reads: Iterable[str] = (), writes: Iterable[str] = ()) -> Ca
         return checked  # type: ignore[return-value]
 
     return decorate
+
+
+def loss_response_mask(batch: Batch) -> torch.Tensor:
+    """``[rows, response_len]``: the response tokens every actor loss term counts: ``response_mask``,
+    times ``loss_mask`` when the batch has one (a step's per-token mask: 1 = train, 0 = no loss).
+
+    Raises:
+        ValueError: naming ``loss_mask``, when its shape is not ``response_mask``'s or it holds a value
+            other than 0 and 1.
+    """
+    mask = batch["response_mask"]
+    if LOSS_MASK not in batch:
+        return mask
+    weights = batch[LOSS_MASK]
+    if weights.shape != mask.shape:
+        raise ValueError(
+            f"column {LOSS_MASK!r} has shape {tuple(weights.shape)}; it must be response_mask's "
+            f"{tuple(mask.shape)}"
+        )
+    if not bool(((weights == 0) | (weights == 1)).all()):
+        raise ValueError(f"column {LOSS_MASK!r} must hold only 0 (no loss) and 1 (train)")
+    return mask * weights.to(mask.dtype)

@@ -30,7 +30,6 @@ from hybridflow.rewards import RewardManager
 from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
-from workers.rollout_store import RolloutStore
 
 __all__ = ["Runtime"]
 
@@ -59,9 +58,6 @@ class Runtime:
         monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
             learning (`hybridflow.metrics.monitor`).
         step_metrics: what the current step has recorded so far (`record`).
-        kept_rollouts: the token columns of the rows the actor workers keep for the current step
-            (`workers.rollout_store`), by row id: `trainer.steps.generate` adds to it, and
-            `trainer.steps.actor_batch` leaves out the columns that still equal what the workers hold.
         startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
@@ -122,7 +118,6 @@ class Runtime:
         )
         self.step = 0
         self.step_metrics: dict[str, float] = {}
-        self.kept_rollouts = RolloutStore(self.tokenizer.pad_token_id)
         self.startup.lap("data")
         # From here on everything built holds processes, placement groups or open files. Each is
         # registered for `close` as soon as it exists: if a later part fails, the `with` block stops

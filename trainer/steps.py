@@ -14,9 +14,7 @@ its metrics with ``runtime.record``; `trainer.fit.fit` puts them in the step's m
 declares the columns it reads and writes (`hybridflow.contract`): a missing column fails with the step's
 name and the column's.
 
-`generate` keeps the step's token columns on the actor workers (`workers.rollout_store`): its rollouts
-carry ``rollout_ids``, and `old_log_probs`, `ref_log_probs` and `update_actor` send those ids in place of
-the held columns. ``transfer/to_actor_bytes`` counts the tensor bytes these steps send the actor workers.
+``transfer/to_actor_bytes`` counts the tensor bytes these steps send the actor workers.
 """
 
 from __future__ import annotations
@@ -27,21 +25,25 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algos import apply_kl_penalty, compute_advantage, compute_kl, masked_mean
-from hybridflow.contract import ROLLOUT_IDS, step_columns
+from hybridflow.contract import (
+    LOG_PROB_COLUMNS,
+    LOSS_MASK,
+    MODEL_INPUTS,
+    loss_response_mask,
+    require_columns,
+    step_columns,
+)
 from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
 from trainer.runtime import Runtime
-from workers.actor import MODEL_INPUTS
-from workers.objective import ActorLoss, PolicyObjective
-from workers.rollout_store import HELD_COLUMNS, RolloutKeep
-from workers.training import balanced_update_order
+from workers.objective import ActorLoss
 
 __all__ = [
     "GENERATED_METRIC",
-    "MODEL_INPUTS",
     "PROMPT_COLUMNS",
     "TRANSFER_METRIC",
     "actor_batch",
@@ -58,6 +60,7 @@ __all__ = [
     "sampling_params",
     "score",
     "update_actor",
+    "update_columns",
     "update_critic",
     "values",
 ]
@@ -130,24 +133,9 @@ def _counted(runtime: Runtime, batch: Batch) -> Batch:
     return batch
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` hold the same values in the same shape and dtype."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-
-
 def actor_batch(runtime: Runtime, rollouts: Batch, *columns: str) -> Batch:
-    """The ``columns`` of ``rollouts`` to send the actor workers, counted in ``transfer/to_actor_bytes``.
-
-    Rows this step's `generate` kept on the workers go as ``rollout_ids [rows]`` plus the columns the
-    workers do not hold. A held column goes along only where the controller's copy is not the generated
-    one (a recipe changed it, e.g. masked truncated responses, or joined rounds to a wider prompt);
-    rows the workers no longer hold go whole.
-    """
-    if ROLLOUT_IDS not in rollouts or not runtime.kept_rollouts.holds(rollouts[ROLLOUT_IDS]):
-        return _counted(runtime, rollouts.select(*columns, meta=False))
-    kept = runtime.kept_rollouts.rows(rollouts[ROLLOUT_IDS])
-    sent = [c for c in columns if c not in HELD_COLUMNS or not _same(kept[c], rollouts[c])]
-    return _counted(runtime, rollouts.select(ROLLOUT_IDS, *sent, meta=False))
+    """The ``columns`` of ``rollouts`` to send the actor workers, counted in ``transfer/to_actor_bytes``."""
+    return _counted(runtime, rollouts.select(*columns, meta=False))
 
 
 def sampling_params(runtime: Runtime) -> SamplingParams:
@@ -173,18 +161,12 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
     inference layout; adds ``group_ids`` (one group per prompt) and the decoded ``response_text``, and
     counts the response tokens in ``response/generated_tokens``.
 
-    The actor workers keep the rows' token columns for this step's later calls (`actor_batch`): only the
-    columns the engine adds come back, with ``rollout_ids [batch*n]`` (new ids on every call of a step),
-    and the prompt columns are repeated here, ``n`` consecutive rows per prompt. The layout switches'
-    timing and memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
+    Rows come ``n`` consecutive per prompt, the prompt columns repeated. The layout switches' timing and
+    memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
     """
     sampling = sampling or sampling_params(runtime)
-    store = runtime.kept_rollouts
-    keep = RolloutKeep(runtime.step, store.next_id(runtime.step), store.pad_token_id, len(prompts) * sampling.n)
     with runtime.timer.phase("generation"):
-        samples = runtime.actor.generate_sequences(_counted(runtime, prompts), sampling, keep)
-    rollouts = prompts.repeat(sampling.n) | samples
-    store.put(runtime.step, rollouts[ROLLOUT_IDS], rollouts.select(*HELD_COLUMNS, meta=False))
+        rollouts = runtime.actor.generate_sequences(_counted(runtime, prompts), sampling)
     runtime.record(rollouts.meta.pop("rollout_metrics"))
     _add(runtime, GENERATED_METRIC, float(rollouts["response_mask"].sum()))
     return rollouts | add_group_ids(rollouts, sampling.n) | decode_responses(rollouts, runtime.tokenizer)
@@ -303,26 +285,49 @@ def update_critic(runtime: Runtime, rollouts: Batch) -> None:
         runtime.record(runtime.critic.update_critic(rollouts.select(*MODEL_INPUTS, "values", "returns"))[0])
 
 
+def update_columns(rollouts: Batch, loss: ActorLoss) -> tuple[str, ...]:
+    """The columns `update_actor` sends the workers for ``loss``: the model inputs, ``advantages``, the
+    columns ``loss.reads`` declares, and ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs``
+    and ``loss_mask`` when ``rollouts`` has them (``rollout_log_probs`` next to ``old_log_probs`` only
+    when the loss reads it: the gap was measured against ``old_log_probs`` already).
+
+    Raises:
+        MissingColumnError: naming each declared column that ``rollouts`` lacks (``old_log_probs`` may
+            be absent: one on-policy optimizer step takes them from its own forward).
+        TypeError: when ``loss`` declares no ``reads`` tuple.
+        ValueError: when ``loss_mask`` is malformed (`hybridflow.contract.loss_response_mask`).
+    """
+    reads = getattr(loss, "reads", None)
+    if not isinstance(reads, tuple):
+        raise TypeError(f"update_actor: loss_fn {loss!r} must declare the columns it reads as a tuple `reads`")
+    require_columns(rollouts, [c for c in reads if c != "old_log_probs"], "update_actor's loss_fn")
+    if LOSS_MASK in rollouts:
+        loss_response_mask(rollouts)
+    optional = [c for c in (*LOG_PROB_COLUMNS, LOSS_MASK) if c in rollouts]
+    if "old_log_probs" in rollouts and "rollout_log_probs" in optional and "rollout_log_probs" not in reads:
+        optional.remove("rollout_log_probs")
+    declared = [c for c in reads if c in rollouts and c not in optional]
+    return (*MODEL_INPUTS, "advantages", *optional, *declared)
+
+
 @step_columns(reads=(*MODEL_INPUTS, "advantages"))
 def update_actor(runtime: Runtime, rollouts: Batch, loss_fn: ActorLoss | None = None) -> None:
     """One actor update (``actor.ppo_epochs`` passes of mini-batches); records ``actor/*``.
 
-    Sends ``old_log_probs``, ``ref_log_probs`` and ``rollout_log_probs`` along when the batch has them
-    (``rollout_log_probs`` next to ``old_log_probs`` only for a rollout correction). Without
+    Sends the model inputs, ``advantages`` and every column the loss declares in ``reads``
+    (`workers.objective.ActorLoss`; the config's `PolicyObjective` by default), and refuses a batch
+    that lacks one with a `MissingColumnError` naming it, before anything is sent. Also sends
+    ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs`` and ``loss_mask`` when the batch has them
+    (``rollout_log_probs`` next to ``old_log_probs`` only when the loss reads it). Without
     ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its own
-    forward (`ActorRolloutRefWorker.update_actor`). ``loss_fn`` replaces the config's objective. Rows
-    are sent in `balanced_update_order`, so that every rank gets a like share of the rows that carry
-    advantage (the update leaves the others out where that is exact).
+    forward (`ActorRolloutRefWorker.update_actor`). ``loss_mask [batch, response_len]`` (0 or 1) limits
+    every loss term to its tokens (`hybridflow.contract.loss_response_mask`). ``loss_fn`` replaces the
+    config's objective. Rows are sent in `balanced_update_order`, so that every rank gets a like share
+    of the rows that carry advantage (the update leaves the others out where that is exact).
     """
-    optional = [c for c in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if c in rollouts]
-    objective = loss_fn if isinstance(loss_fn, PolicyObjective) else None
-    corrected = (
-        objective.rollout_correction if objective else runtime.config.actor.rollout_correction
-    ) != "none"
-    if "old_log_probs" in rollouts and "rollout_log_probs" in optional and not corrected:
-        optional.remove("rollout_log_probs")  # the gap was measured against old_log_probs already
-    columns = (*MODEL_INPUTS, "advantages", *optional)
-    batch = rollouts.select(*columns, *[c for c in (ROLLOUT_IDS,) if c in rollouts], meta=False)
+    loss = loss_fn if loss_fn is not None else runtime.config.actor.objective()
+    columns = update_columns(rollouts, loss)
+    batch = rollouts.select(*columns, meta=False)
     mini_batch_size = runtime.config.actor.ppo_mini_batch_size
     batch = batch.reorder(balanced_update_order(batch, runtime.actor.world_size, mini_batch_size))
     batch = actor_batch(runtime, batch, *columns)

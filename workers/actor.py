@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from hybridflow.contract import ROLLOUT_IDS
+from hybridflow.contract import MODEL_INPUTS, loss_response_mask, require_columns
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
@@ -50,15 +50,13 @@ from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.row_order import carries_advantage
 from workers.config import ActorConfig, ActorDerived, RefConfig
 from workers.objective import ActorLoss, skips_zero_advantage_rows
-from workers.rollout_store import HELD_COLUMNS, RolloutKeep, RolloutStore
 from workers.training import (
-    MODEL_INPUTS,
     LogProbGap,
     build_lr_scheduler,
     build_optimizer,
-    carries_advantage,
     clip_and_step,
     gather_full_state,
     global_sum,
@@ -70,7 +68,7 @@ from workers.training import (
     update_micro_batches,
 )
 
-__all__ = ["MODEL_INPUTS", "ActorRolloutRefWorker", "sequence_log_probs"]
+__all__ = ["ActorRolloutRefWorker", "sequence_log_probs"]
 
 
 def sequence_log_probs(
@@ -131,10 +129,6 @@ class ActorRolloutRefWorker(Worker):
         derived: the model directory, the default loss, the schedule's span, whether to hold the
             reference policy, the engine's dtype and length (``trainer.config.derive_values``).
     """
-
-    rollout_store: RolloutStore | None = None
-    """The current step's rollouts, kept by `generate_sequences` when asked (``keep``; the store pads
-    ``input_ids`` with the first keep's ``pad_token_id``)."""
 
     def __init__(
         self,
@@ -207,27 +201,18 @@ class ActorRolloutRefWorker(Worker):
         reads=("input_ids", "attention_mask"),
         writes=("responses", "response_mask", "rollout_log_probs", "response_lengths"),
     )
-    def generate_sequences(
-        self, prompts: Batch, sampling: SamplingParams, keep: RolloutKeep | None = None
-    ) -> Batch:
+    def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Sample ``sampling.n`` responses per prompt with the actor's current weights.
 
         Input: ``input_ids``/``attention_mask [batch, prompt_len]`` (left-padded). Output: see
         `RolloutEngine.generate`; ``meta["rollout_metrics"]`` carries the timing and peak memory of both
         layout switches, reduced over all ranks (the slowest rank's seconds, the largest rank's memory).
-
-        With ``keep``, every rank holds the whole call's rows (`_keep_rollouts`) and the output has only
-        the columns the engine added (``responses``, ``response_mask``, ``rollout_log_probs``
-        ``[batch*n, max_new_tokens]``, ``response_lengths [batch*n]``, ``finish_reason``, ...) and
-        ``rollout_ids [batch*n]``: the prompt columns are the caller's to repeat (``prompts.repeat(n)``).
         """
         start = time.perf_counter()
         with self.resharder as engine:
             generated = time.perf_counter()
             rollouts = self._sample(engine, prompts, sampling)
             generate_s = time.perf_counter() - generated
-        if keep is not None:
-            rollouts = self._keep_rollouts(prompts, rollouts, keep)
         to_inference, to_training = self.resharder.reports[-2:]
         local = {
             **to_inference.metrics(),
@@ -239,41 +224,6 @@ class ActorRolloutRefWorker(Worker):
         dist.all_gather_object(per_rank, local)
         rollouts.meta.update(rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}))
         return rollouts
-
-    def _keep_rollouts(self, prompts: Batch, rollouts: Batch, keep: RolloutKeep) -> Batch:
-        """Hold the `HELD_COLUMNS` of the whole call's rows on this rank, row ``i`` of the call (in dp
-        order) under id ``keep.first_id + i`` (the first ``keep.rows``: not the padding rows' samples);
-        return this dp group's ``rollouts`` without the columns of ``prompts``, plus ``rollout_ids [rows]``.
-
-        The shards travel rank to rank, one per dp group from its collecting rank (the tp ranks of a
-        group hold the same rows). A padded call's padding rows (at its end) get the largest ids.
-        """
-        infer = self.mesh_info("infer")
-        shard = rollouts.select(*HELD_COLUMNS, meta=False) if infer.is_collector else None
-        gathered: list[tuple[int, Batch | None]] = [(0, None)] * self.world_size
-        dist.all_gather_object(gathered, (infer.dp_rank, shard))
-        shards = {dp: rows for dp, rows in gathered if rows is not None}
-        ordered = [shards[dp] for dp in range(infer.dp_size)]
-        ids = keep.first_id + torch.arange(sum(len(rows) for rows in ordered))
-        if self.rollout_store is None:
-            self.rollout_store = RolloutStore(keep.pad_token_id)
-        self.rollout_store.put(keep.step, ids[: keep.rows], Batch.concat(ordered)[: keep.rows])
-        start = sum(len(rows) for rows in ordered[: infer.dp_rank])
-        samples = rollouts.select(*[column for column in rollouts.keys() if column not in prompts])
-        return samples | Batch({ROLLOUT_IDS: ids[start : start + len(rollouts)]})
-
-    def _with_held_columns(self, batch: Batch) -> Batch:
-        """``batch`` with the `HELD_COLUMNS` it lacks joined back from the rows held under its
-        ``rollout_ids [rows]``, the ids dropped; a batch without ids as it is. A held column the batch
-        carries wins: the controller sends one when its copy changed since generation."""
-        if ROLLOUT_IDS not in batch:
-            return batch
-        if self.rollout_store is None:
-            raise KeyError(f"the batch has {ROLLOUT_IDS!r} but this worker has kept no rollouts")
-        held = self.rollout_store.rows(batch[ROLLOUT_IDS])
-        joined = held.select(*[column for column in held.keys() if column not in batch], meta=False)
-        sent = batch.select(*[column for column in batch.keys() if column != ROLLOUT_IDS])
-        return joined.to(self.device) | sent
 
     def _sample(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Batch:
         """The rollouts of `generate_sequences`, drawn from ``engine`` in the inference layout:
@@ -318,7 +268,6 @@ class ActorRolloutRefWorker(Worker):
     @register(
         dispatch=DataParallel(),
         reads=MODEL_INPUTS,
-        held=HELD_COLUMNS,
         writes=("old_log_probs",),
         prepare=_resolve_stats_argument,
     )
@@ -333,9 +282,7 @@ class ActorRolloutRefWorker(Worker):
         ``log_prob`` becomes the ``old_log_probs`` column (nats) and is always computed; any other
         statistic becomes a column of its own name (``entropy``, ``self_certainty``, a recipe's own).
         Names registered only in the controller reach the workers: they are resolved there.
-        ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS` of rows kept at generation.
         """
-        batch = self._with_held_columns(batch)
         names = [s if isinstance(s, str) else s.name for s in stats]
         if "log_prob" not in names:
             stats = (*resolve_token_statistics(["log_prob"]), *stats)
@@ -347,12 +294,11 @@ class ActorRolloutRefWorker(Worker):
         reshard_all(self.model)
         return Batch({_stat_column(name): value for name, value in out.values.items()})
 
-    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, held=HELD_COLUMNS, writes=("ref_log_probs",))
+    @register(dispatch=DataParallel(), reads=MODEL_INPUTS, writes=("ref_log_probs",))
     @on_worker_device
     def compute_ref_log_prob(self, batch: Batch, *, temperature: float) -> Batch:
         """``ref_log_probs [batch, response_len]`` (nats) under the frozen reference policy, at the
-        sampling ``temperature``; ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS`."""
-        batch = self._with_held_columns(batch)
+        sampling ``temperature``."""
         if self.ref_model is None:
             raise RuntimeError("this worker was built with with_ref=False")
         if self.offload_ref:
@@ -373,9 +319,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ training
 
-    @register(
-        dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "advantages"), held=HELD_COLUMNS
-    )
+    @register(dispatch=DataParallel(allow_padding=False), reads=(*MODEL_INPUTS, "advantages"))
     @on_worker_device
     def update_actor(
         self, batch: Batch, *, temperature: float, loss_fn: ActorLoss | None = None
@@ -383,8 +327,10 @@ class ActorRolloutRefWorker(Worker):
         """Train on one step's rollouts: ``epochs`` passes of mini-batches, each an optimizer step.
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
-        ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``;
-        ``rollout_ids [batch]`` may stand in for the `HELD_COLUMNS` of rows kept at generation.
+        ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``, and every
+        column ``loss_fn.reads`` declares. An optional ``loss_mask [batch, response_len]`` (0 or 1) is
+        multiplied into the ``response_mask`` every loss term and token count sees; the forward uses the
+        real one (`hybridflow.contract.loss_response_mask`).
         ``temperature`` is the one the responses were sampled with.
         ``loss_fn`` defaults to the run's `PolicyObjective` (``ActorDerived.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
@@ -405,12 +351,12 @@ class ActorRolloutRefWorker(Worker):
         `compute_log_prob` pass is saved. With ``rollout_log_probs`` in the batch, the
         rollout-vs-trainer gap (``sync/log_prob_abs_diff_mean``, ``_max``) is then measured here.
         """
-        batch = self._with_held_columns(batch)
         config = self.actor_config
         if loss_fn is None:
             # Resolved on the controller: a recipe's registered functions came with it.
             loss_fn = self.derived.objective
         on_policy = "old_log_probs" not in batch
+        require_columns(batch, [c for c in loss_fn.reads if c != "old_log_probs"], "update_actor's loss_fn")
         if on_policy and (config.ppo_epochs != 1 or config.ppo_mini_batch_size < len(batch) * self.world_size):
             raise ValueError(
                 "update_actor: the batch has no old_log_probs, which is only valid for one on-policy "
@@ -438,7 +384,7 @@ class ActorRolloutRefWorker(Worker):
         self, mini: Batch, loss_fn: ActorLoss, temperature: float, on_policy: bool, skip: bool
     ) -> dict[str, float]:
         config = self.actor_config
-        mask = mini["response_mask"]
+        mask = loss_response_mask(mini)
         # The full mini-batch's counts, also when rows are left out: the loss shares stay the same.
         global_tokens = global_sum(mask.sum())
         global_seqs = global_sum(len(mini))
@@ -455,6 +401,10 @@ class ActorRolloutRefWorker(Worker):
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:
                     gap.add(part["rollout_log_probs"], part["old_log_probs"], part["response_mask"])
+            # The forward ran on the real response mask; every loss term counts the loss mask's tokens.
+            if "loss_mask" in part:
+                rest = part.select(*[column for column in part.keys() if column != "response_mask"])
+                part = rest | Batch({"response_mask": loss_response_mask(part)})
             loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs, **counts)
             # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
             (loss * self.world_size).backward()

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import AutoModel
 
 from hybridflow.algos import clipped_value_loss, masked_sum
+from hybridflow.contract import MODEL_INPUTS
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import (
     DevicePlan,
@@ -36,7 +37,6 @@ from hybridflow.parallel import (
 from hybridflow.protocol import Batch
 from workers.config import CriticConfig, CriticDerived
 from workers.training import (
-    MODEL_INPUTS,
     build_lr_scheduler,
     build_optimizer,
     clip_and_step,

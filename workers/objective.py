@@ -56,11 +56,19 @@ _ROW_ADDITIVE_AGGREGATIONS = frozenset(
 class ActorLoss(Protocol):
     """What `update_actor` accepts as its loss: a recipe can pass any callable of this shape.
 
+    A loss declares the columns it reads besides ``hybridflow.contract.MODEL_INPUTS`` and
+    ``advantages`` in ``reads`` (e.g. ``("old_log_probs", "my_token_weights")``): `trainer.steps.update_actor`
+    sends them, and refuses a batch that lacks one, naming it. ``old_log_probs`` may be absent for one
+    on-policy optimizer step: the update then takes them from its own forward.
+
+    Its ``response_mask`` is the tokens the loss counts (`hybridflow.contract.loss_response_mask`): the
+    real one times the step's ``loss_mask`` when the batch has one; the forward used the real one.
+
     Args:
         log_prob: ``[micro_batch, response_len]`` current log-probs (nats), with gradient.
         entropy: ``[micro_batch, response_len]`` per-token entropy (nats), or ``None``.
-        micro_batch: the rows (``old_log_probs``, ``advantages``, ``response_mask``, ...).
-        global_tokens: valid response tokens in the whole mini-batch over all ranks.
+        micro_batch: the rows (``old_log_probs``, ``advantages``, ``response_mask``, what ``reads`` names).
+        global_tokens: counted response tokens in the whole mini-batch over all ranks.
         global_seqs: rows in the whole mini-batch over all ranks.
 
     Only a `PolicyObjective` is ever called with rows left out (`skips_zero_advantage_rows`), and
@@ -72,6 +80,7 @@ class ActorLoss(Protocol):
     """
 
     needs_entropy: bool
+    reads: tuple[str, ...]
 
     def __call__(
         self,
@@ -152,6 +161,17 @@ class PolicyObjective:
     @property
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0.0
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The columns this objective reads besides the model inputs and ``advantages``:
+        ``old_log_probs``, plus ``ref_log_probs`` with a KL loss and ``rollout_log_probs`` with a
+        rollout correction."""
+        return (
+            "old_log_probs",
+            *(("ref_log_probs",) if self.kl_loss_coef else ()),
+            *(("rollout_log_probs",) if self.rollout_correction != "none" else ()),
+        )
 
     @property
     def zero_advantage_obstacles(self) -> tuple[str, ...]:

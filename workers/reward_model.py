@@ -28,13 +28,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
 from hybridflow.algos import last_valid_token_mask, masked_sum
+from hybridflow.contract import MODEL_INPUTS
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.data.chat import render_plain
 from hybridflow.parallel import on_worker_device, reshard_all
 from hybridflow.protocol import Batch
 from workers.config import RewardModelConfig
 from workers.critic import TokenHeadModel, shard_head_model
-from workers.training import MODEL_INPUTS, micro_batches, sequence_inputs
+from workers.training import micro_batches, sequence_inputs
 
 __all__ = [
     "PROMPT_TEXT_COLUMN",

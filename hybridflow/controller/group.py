@@ -84,7 +84,7 @@ class _GroupMethod:
             args, kwargs = spec.prepare(args, kwargs)
         batch = first_batch(args, kwargs)
         if batch is not None:
-            require_columns(batch, spec.reads, where, held=spec.held)
+            require_columns(batch, spec.reads, where)
         future = self._group._call(self._name, spec, args, kwargs)
         if not spec.blocking:
             return future

@@ -25,8 +25,6 @@ class RegisteredMethod:
         blocking: ``True`` returns the collected result; ``False`` returns a `GroupFuture` that can
             be passed to the next call without the data coming back to the controller.
         reads: columns the method needs in its Batch argument; checked on the controller before the call.
-        held: those of ``reads`` that the workers may hold from generation instead: a Batch with
-            ``rollout_ids`` stands in for them (the method joins them back by id).
         writes: columns the returned Batch always holds; checked when a blocking call returns.
         prepare: ``prepare(args, kwargs) -> (args, kwargs)``, run on the controller before dispatch: e.g.
             to resolve registered names to functions, so that a recipe's registrations reach workers.
@@ -38,7 +36,6 @@ class RegisteredMethod:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None
-    held: tuple[str, ...] = ()
 
 
 def register(
@@ -48,13 +45,11 @@ def register(
     reads: Iterable[str] = (),
     writes: Iterable[str] = (),
     prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
-    held: Iterable[str] = (),
 ) -> Callable[[F], F]:
     """Mark a `Worker` method as callable through a worker group.
 
     ``reads`` and ``writes`` declare the method's Batch contract (`RegisteredMethod`); a call whose Batch
-    lacks a column it reads fails on the controller with a `MissingColumnError` naming both; ``held``
-    names the columns that ``rollout_ids`` may stand in for (`RegisteredMethod`).
+    lacks a column it reads fails on the controller with a `MissingColumnError` naming both.
 
     Example::
 
@@ -64,9 +59,7 @@ def register(
     """
     if execute not in ("all", "rank_zero"):
         raise ValueError(f"execute must be 'all' or 'rank_zero', got {execute!r}")
-    spec = RegisteredMethod(
-        get_dispatch_mode(dispatch), execute, blocking, tuple(reads), tuple(writes), prepare, tuple(held)
-    )
+    spec = RegisteredMethod(get_dispatch_mode(dispatch), execute, blocking, tuple(reads), tuple(writes), prepare)
 
     def mark(method: F) -> F:
         setattr(method, _ATTRIBUTE, spec)

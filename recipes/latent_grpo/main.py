@@ -26,9 +26,10 @@ from typing import Literal
 
 import torch
 
-from hybridflow.contract import step_columns
+from hybridflow.contract import MODEL_INPUTS, step_columns
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.protocol import Batch
+from hybridflow.row_order import balanced_update_order
 from recipes.latent_grpo.latent import LatentSampling, latent_grpo_advantages
 from recipes.latent_grpo.rollout import LATENT_COLUMNS
 from recipes.latent_grpo.sft import SFTConfig, supervised_model
@@ -40,8 +41,7 @@ from trainer.fit import StopAt, fit
 from trainer.model_setup import prepare_model_dir
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
-from trainer.steps import MODEL_INPUTS, generate, score
-from workers.training import balanced_update_order
+from trainer.steps import generate, score
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(".cache/recipes/latent_grpo/data")  # config.yaml's data.train_files / val_files point here

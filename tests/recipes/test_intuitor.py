@@ -52,9 +52,9 @@ class ColumnRecordingActor(ActorRolloutRefWorker):
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[str, list[str]]] = []
 
-    def generate_sequences(self, prompts: Batch, sampling, keep=None) -> Batch:
+    def generate_sequences(self, prompts: Batch, sampling) -> Batch:
         self.seen.append(("generate_sequences", sorted(prompts.keys())))
-        return super().generate_sequences(prompts, sampling, keep)
+        return super().generate_sequences(prompts, sampling)
 
     def update_actor(self, batch: Batch, **kwargs) -> dict[str, float]:
         self.seen.append(("update_actor", sorted(batch.keys())))
@@ -79,8 +79,9 @@ def test_intuitor_trains_without_ever_handling_an_answer(ray_cluster, tmp_path):
         fit(runtime, step)
         seen = runtime.actor.columns_seen()
     update_columns = [columns for method, columns in seen if method == "update_actor"]
-    # The token columns stay on the workers from generation: the update gets their ids.
-    assert update_columns == [["advantages", "old_log_probs", "ref_log_probs", "rollout_ids"]] * 2
+    # The token columns travel with the batch, with what the loss reads.
+    update = ["advantages", "attention_mask", "input_ids", "old_log_probs", "ref_log_probs", "response_mask", "responses"]
+    assert update_columns == [update] * 2
     for method, columns in seen:
         assert "ground_truth" not in columns, method
     for columns in returned:

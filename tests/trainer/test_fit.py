@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow.contract import MODEL_INPUTS
 from hybridflow.controller import register
 from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
@@ -18,7 +19,7 @@ from tests.trainer._runs import run_config, write_task
 from trainer.fit import Every, LogProbGapError, Progress, StopAt, fit
 from trainer.runtime import Runtime
 from trainer.steps import TRANSFER_METRIC, generate, old_log_probs, score, update_actor
-from workers.actor import MODEL_INPUTS, ActorRolloutRefWorker
+from workers.actor import ActorRolloutRefWorker
 
 STEPS = 3
 
@@ -120,24 +121,19 @@ def test_the_recipe_worker_class_runs_the_actor_role(uninterrupted):
     _, seen, used_class, _ = uninterrupted
     assert used_class is ColumnRecordingActor
     # Its override ran on every update (rank 0 records its share), with exactly the columns sent: the
-    # token columns stayed on the workers since generation.
-    assert seen == [["advantages", "old_log_probs", "rollout_ids"]] * STEPS
+    # token columns travel with the batch.
+    assert seen == [sorted([*MODEL_INPUTS, "advantages", "old_log_probs"])] * STEPS
 
 
-def test_the_token_columns_travel_to_the_actor_once_per_step(uninterrupted):
+def test_to_actor_bytes_count_the_prompts_and_every_column_sent(uninterrupted):
     records, _, _, sent = uninterrupted
     assert len(sent) == STEPS
     for (measured, prompts, rollouts), record in zip(sent, records, strict=True):
-        rows = len(rollouts)
         computed = rollouts.select("advantages", "old_log_probs").nbytes()
-        # The prompts, then rollout ids (int64) for the log-prob pass and for the update with what
+        # The prompts, then the token columns for the log-prob pass and again for the update with what
         # the controller computed.
-        assert measured == prompts.nbytes() + 2 * 8 * rows + computed
+        assert measured == prompts.nbytes() + 2 * rollouts.select(*MODEL_INPUTS).nbytes() + computed
         assert record[TRANSFER_METRIC] == measured
-        # Sending the token columns with both calls, as the controller did before, costs far more.
-        before = prompts.nbytes() + 2 * rollouts.select(*MODEL_INPUTS).nbytes() + computed
-        print(f"bytes to the actor per step: {before} with the token columns, {measured} by rollout ids")
-        assert measured < before / 2
 
 
 def test_the_sync_check_fires_for_any_step_function(ray_cluster, task):

@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from hybridflow.algos import POLICY_LOSSES, register_policy_loss
 from hybridflow.protocol import Batch
+from hybridflow.row_order import balanced_update_order, carries_advantage
 from workers.objective import PolicyObjective, skips_zero_advantage_rows
-from workers.training import balanced_update_order, carries_advantage, update_micro_batches
+from workers.training import update_micro_batches
 
 ROW_LOCAL = ["ppo_clip", "gspo", "reinforce", "cispo", "sapo", "gmpo"]
 AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
