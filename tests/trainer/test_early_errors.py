@@ -101,7 +101,25 @@ def bad_cases(tmp_path: Path, good: dict[str, Path]) -> dict[str, tuple[list[str
             None,
             f"reward.fn_by_source.gsm8k: {defines}",
         ),
+        "default_fn_misspelled_registered_name": (
+            overrides(good, reward__default_fn="exact_matc"),
+            None,
+            f"reward.default_fn: {unregistered('exact_matc', 'exact_match')}",
+        ),
+        "fn_by_source_misspelled_registered_name": (
+            [*overrides(good), "reward.fn_by_source.gsm8k=math_verfy"],
+            None,
+            f"reward.fn_by_source.gsm8k: {unregistered('math_verfy', 'math_verify')}",
+        ),
     }
+
+
+def unregistered(name: str, close: str) -> str:
+    registered = "code_execution, code_execution_all, exact_match, math_verify, think_answer_format"
+    return (
+        f"no reward function registered as {name!r}; did you mean {close!r}? registered: {registered} "
+        "(or give 'file.py:function')"
+    )
 
 
 def test_the_good_setup_loads(good):
@@ -120,6 +138,8 @@ def test_the_good_setup_loads(good):
         "yaml_syntax_error",
         "default_fn_missing_name",
         "fn_by_source_missing_name",
+        "default_fn_misspelled_registered_name",
+        "fn_by_source_misspelled_registered_name",
     ],
 )
 def test_a_late_error_is_now_a_config_problem_naming_its_key(tmp_path, good, case):

@@ -22,6 +22,7 @@ from hybridflow.algos import (
 from hybridflow.data import DataFileError, RowFormatError, read_prompt_rows
 from hybridflow.data.files import file_format
 from hybridflow.rewards.custom import load_reward_function
+from hybridflow.rewards.registry import REWARD_FUNCTIONS
 from trainer.config.problems import Problems
 from trainer.config.schema import GLOBAL_POOL, ROLES, OptimizedRoleConfig, RewardConfig, RunConfig
 from trainer.config.sizes import check_sizes, unknown_pool
@@ -334,6 +335,8 @@ def _folder_problem(folder: str) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"{folder!r} cannot be created: {str(existing)!r} is a file"
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return f"{folder!r} cannot be written: {str(existing)!r} is on a read-only filesystem"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{folder!r} cannot be written: no write permission in {str(existing)!r}"
     return None
@@ -356,9 +359,22 @@ def _check_reward(reward: RewardConfig, problems: Problems) -> None:
                 load_reward_function(file, function)
             except (ImportError, AttributeError, TypeError) as error:
                 problems.add(key, str(error))
+        elif spec not in REWARD_FUNCTIONS:
+            problems.add(key, _unregistered_reward(spec))
     for i, step in enumerate(reward.shaping):
         if not step.name:
             problems.add(f"reward.shaping[{i}].name", "required: the registered shaping name")
+
+
+def _unregistered_reward(name: str) -> str:
+    """The message for a reward name that no module registered, with the closest registered name."""
+    registered = sorted(REWARD_FUNCTIONS)
+    close = difflib.get_close_matches(name, registered, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"no reward function registered as {name!r}; {hint}registered: {', '.join(registered)} "
+        "(or give 'file.py:function')"
+    )
 
 
 def _check_reward_model(config: RunConfig, problems: Problems) -> None:
