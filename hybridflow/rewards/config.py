@@ -39,7 +39,12 @@ class RewardConfig:
             ``ShapingSpec`` objects or ``{"name": ..., "kwargs": {...}}`` dicts.
         abort_failure_rate: stop the run (``RewardFunctionFailingError``) when a reward function fails
             on at least this share of its rows over its last ``abort_window`` calls; ``None`` never
-            stops. The default 1.0 stops only a function that fails on every row.
+            stops (and switches off the first-call rule too). The default 0.95 also stops a function
+            that fails on 95% of its rows or more, which a share of 1.0 would train on for ever. Two
+            rules act sooner: a function failing on every row of its first call stops at once, whatever
+            the window, and within one call a function whose first
+            :data:`~hybridflow.rewards.pool.HANG_ROWS` results all timed out is not run on the rest of
+            that call's rows (they count as timed out).
         abort_window: how many of a function's latest calls (those in which it scored rows) the failure
             share is taken over.
     """
@@ -51,7 +56,7 @@ class RewardConfig:
     num_workers: int = config_field(2, ge=1)
     kill_grace_s: float = config_field(2.0, gt=0)
     shaping: tuple[ShapingSpec, ...] = ()
-    abort_failure_rate: float | None = config_field(1.0, gt=0, le=1)
+    abort_failure_rate: float | None = config_field(0.95, gt=0, le=1)
     abort_window: int = config_field(3, ge=1)
 
     def __post_init__(self) -> None:
