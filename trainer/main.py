@@ -1,6 +1,7 @@
 """Command line: ``python -m trainer.main --config grpo.yaml key=value ...`` (or ``hybridflow ...``).
 
-Loads and validates the config (every problem reported at once, by key), starts or joins a Ray
+Loads and validates the config (every problem reported at once, by key), checks that some prompt fits
+``data.max_prompt_length`` (the one check that needs the tokenizer), starts or joins a Ray
 cluster, builds the `Runtime` and runs the configured algorithm's step (`trainer.algorithms.rl_step`) under
 `trainer.fit.fit`.
 """
@@ -17,6 +18,7 @@ from hybridflow.checkpoint import DiskFullError, IncompleteCheckpointError
 from hybridflow.rewards import RewardFunctionFailingError
 from trainer.algorithms import rl_step
 from trainer.config import ConfigError, load_config
+from trainer.config.prompt_lengths import check_prompts_fit, prompt_tokenizer
 from trainer.fit import fit
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
@@ -30,6 +32,7 @@ def run_config_file(
     """Load and validate a config, start (or join) Ray, and train; returns the last validation metrics."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(path, overrides)
+    check_prompts_fit(config, prompt_tokenizer(config))
     with (
         start_ray(config, ray_address) as ray_start,
         Runtime(config, startup_s={"ray": ray_start.seconds}) as runtime,

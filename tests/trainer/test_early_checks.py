@@ -1,0 +1,102 @@
+"""Checks that need more than the config's own values and still run before Ray starts: every prompt
+longer than ``data.max_prompt_length`` (it needs the tokenizer) and an output folder on a read-only
+filesystem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridflow.data import write_rows
+from tests.trainer.test_early_errors import CLI_DRIVER, REPO_ROOT
+from trainer.config import ConfigError, load_config
+from trainer.config.prompt_lengths import check_prompts_fit, prompt_tokenizer
+
+
+def row(content: str) -> dict:
+    return {"data_source": "toy", "prompt": [{"role": "user", "content": content}], "reward_model": {"ground_truth": "2"}}
+
+
+@pytest.fixture
+def train_file(tmp_path: Path) -> Path:
+    # The tiny model's character tokenizer: one token per character, no template around a user turn.
+    return write_rows([row("12345+67890="), row("1+1=1+1="), row("123+456=")], tmp_path / "train.parquet")
+
+
+def overrides(train_file: Path, tmp_path: Path, max_prompt_length: int) -> list[str]:
+    return [
+        f"data.train_files=[{train_file}]",
+        "data.val_files=[]",
+        "trainer.val_every=0",
+        f"data.max_prompt_length={max_prompt_length}",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    ]
+
+
+def test_no_prompt_fitting_names_the_key_and_the_shortest_and_longest_length(tmp_path, train_file):
+    config = load_config(None, overrides(train_file, tmp_path, 7))
+    with pytest.raises(ConfigError) as info:
+        check_prompts_fit(config, prompt_tokenizer(config))
+    assert info.value.problems == (
+        "data.max_prompt_length: 7 tokens is shorter than every prompt of data.train_files (3 prompts: the "
+        "shortest has 8 tokens, the longest 12); raise it to at least 8",
+    )
+
+
+def test_one_fitting_prompt_is_enough(tmp_path, train_file):
+    config = load_config(None, overrides(train_file, tmp_path, 8))
+    check_prompts_fit(config, prompt_tokenizer(config))
+
+
+def test_the_cli_stops_with_code_2_before_ray_starts(tmp_path, train_file):
+    argv = {"too_long": overrides(train_file, tmp_path, 7)}
+    run = subprocess.run(
+        [sys.executable, "-c", CLI_DRIVER, json.dumps(argv)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.splitlines()[-1])["too_long"]
+    assert result["code"] == 2, result
+    assert "data.max_prompt_length: 7 tokens is shorter than every prompt of data.train_files" in result["stderr"]
+    assert result["ray"] is False and result["children"] == [], result
+
+
+READ_ONLY_DRIVER = """
+import sys
+from trainer.config import ConfigError, load_config
+try:
+    load_config(None, sys.argv[1:])
+except ConfigError as error:
+    print(error)
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare to mount a read-only tmpfs")
+def test_a_read_only_filesystem_is_reported_as_read_only(tmp_path, train_file):
+    """A read-only tmpfs mounted in a private mount namespace (as root, or in a user namespace)."""
+    mount_point = tmp_path / "ro"
+    mount_point.mkdir()
+    out = mount_point / "run"
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {mount_point} && "
+        f"{sys.executable} -c '{READ_ONLY_DRIVER}' data.train_files=[{train_file}] data.val_files=[] "
+        f"trainer.val_every=0 trainer.output_dir={out}"
+    )
+    run = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "sh", "-c", script],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if "mount" in run.stderr and run.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {run.stderr.strip()}")
+    assert f"trainer.output_dir: {str(out)!r} cannot be written: {str(mount_point)!r} is on a read-only filesystem" in run.stdout, run
