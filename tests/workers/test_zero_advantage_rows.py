@@ -121,6 +121,16 @@ def test_carries_advantage_looks_only_at_valid_tokens():
     assert keep.tolist() == [False, True, True, False]
 
 
+
+def test_carries_advantage_looks_only_at_the_tokens_the_loss_mask_keeps():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    advantages = torch.tensor([[0.0, 3.0, 0.0], [0.0, -0.5, 0.0], [1.0, 1.0, 1.0]])
+    loss_mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    keep = carries_advantage(Batch({"response_mask": mask, "advantages": advantages, "loss_mask": loss_mask}))
+    # Row 0's advantage sits on a token the loss mask drops; row 2 has no token left to train on.
+    assert keep.tolist() == [False, True, False]
+
+
 def _rows(
     prompt_lengths: list[int], response_lengths: list[int], advantages: list[float] | None = None
 ) -> Batch:
