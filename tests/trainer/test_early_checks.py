@@ -100,3 +100,15 @@ def test_a_read_only_filesystem_is_reported_as_read_only(tmp_path, train_file):
     if "mount" in run.stderr and run.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {run.stderr.strip()}")
     assert f"trainer.output_dir: {str(out)!r} cannot be written: {str(mount_point)!r} is on a read-only filesystem" in run.stdout, run
+
+
+def test_a_nested_key_typo_in_a_yaml_file_names_the_file(tmp_path, train_file):
+    """A misfit set by the file names the file; one set by an override (or overridden) does not."""
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("actor:\n  lrr: 1.0e-5\n  lr: fast\nrollout:\n  n: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(config_file, [*overrides(train_file, tmp_path, 8), "actor.lr=1e-4", "rollout.nn=3"])
+    assert info.value.problems == (
+        "rollout.nn: unknown key; did you mean 'rollout.n'?",
+        f"actor.lrr: unknown key; did you mean 'actor.lr'? (set in {config_file})",
+    )

@@ -36,21 +36,28 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     """
     problems = Problems()
     tree: dict[str, Any] = {}
+    from_file: set[str] = set()
     if path is not None:
         tree = _read_yaml(Path(path), problems)
+        from_file = _keys(tree, "")
     for item in overrides:
-        tree = _merge(tree, _parse_override(item, problems))
+        override = _parse_override(item, problems)
+        from_file -= _keys(override, "")
+        tree = _merge(tree, override)
     problems.raise_if_any()
-    return config_from_dict(tree)
+    return config_from_dict(tree, origins=dict.fromkeys(from_file, str(path)))
 
 
-def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
+def config_from_dict(data: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> RunConfig:
     """Build and validate a run config from a (partial) nested mapping, merged onto the defaults.
+
+    ``origins`` maps a full key to the file that set it; a value that does not fit the schema there
+    (an unknown key, a wrong type, a value out of range) is reported with that file.
 
     Raises:
         ConfigError: listing every problem found, each under its full key.
     """
-    problems = Problems()
+    problems = Problems(origins)
     tree = _resolve(_merge(config_to_dict(RunConfig()), config_to_dict(data)), problems)
     problems.raise_if_any()
     config = build(RunConfig, tree, "", problems)
@@ -68,6 +75,17 @@ def config_to_dict(config: Any) -> Any:
     if isinstance(config, list | tuple):
         return [config_to_dict(value) for value in config]
     return config
+
+
+def _keys(tree: Any, prefix: str) -> set[str]:
+    """The full key of every mapping entry in ``tree`` (nested ones too), e.g. ``{"actor", "actor.lr"}``."""
+    if not isinstance(tree, Mapping):
+        return set()
+    keys: set[str] = set()
+    for name, value in tree.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        keys |= {key} | _keys(value, key)
+    return keys
 
 
 def _merge(base: Any, override: Any) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["ConfigError", "Problems"]
 
@@ -25,8 +25,10 @@ class Problems:
     one mistake gives one message.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, origins: Mapping[str, str] | None = None) -> None:
         self.messages: list[str] = []
+        # Full key -> the file that set it, named in the messages of the values rejected there.
+        self._origins = dict(origins or {})
         self._rejected: set[str] = set()
         self._reported: set[str] = set()
 
@@ -35,8 +37,10 @@ class Problems:
         return any(key == k or key.startswith((f"{k}.", f"{k}[")) for k in keys)
 
     def reject(self, key: str, message: str) -> None:
-        """Record a value that does not fit the schema (unknown key, wrong type, out of range)."""
-        self.messages.append(f"{key}: {message}")
+        """Record a value that does not fit the schema (unknown key, wrong type, out of range), with
+        the file that set it when known."""
+        origin = self._origins.get(key.partition("[")[0])
+        self.messages.append(f"{key}: {message}" + (f" (set in {origin})" if origin else ""))
         self._rejected.add(key)
         self._reported.add(key)
 
