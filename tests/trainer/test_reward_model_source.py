@@ -19,7 +19,7 @@ from hybridflow.protocol import Batch
 from tests.trainer._runs import fraction_of_target, run_config, write_task
 from tests.workers._policy import write_reward_model
 from trainer.algorithms import rl_step
-from trainer.fit import fit
+from trainer.fit import Progress, fit
 from trainer.runtime import Runtime
 from trainer.validation import validation_metrics, validation_rollouts
 
@@ -43,7 +43,7 @@ class ScoreRecorder:
     def keep(self, rollouts: Batch) -> None:
         self.scored.append((rollouts.select(*_ROW_COLUMNS, meta=False), rollouts.select(*_SCORE_COLUMNS, meta=False)))
 
-    def validate(self, runtime: Runtime) -> dict[str, float]:
+    def validate(self, runtime: Runtime, progress: Progress) -> dict[str, float]:
         batches = list(validation_rollouts(runtime))
         for batch in batches:
             self.keep(batch)
