@@ -58,6 +58,7 @@ class EveryRow:
 
     objective: PolicyObjective
     needs_entropy = False
+    reads = ("old_log_probs",)
 
     def __call__(self, *args):
         return self.objective(*args)
