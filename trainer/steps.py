@@ -36,6 +36,7 @@ from hybridflow.contract import (
 from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
+from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
@@ -57,6 +58,7 @@ __all__ = [
     "old_log_probs",
     "ref_log_probs",
     "reward_scores",
+    "sampling_from",
     "sampling_params",
     "score",
     "update_actor",
@@ -138,18 +140,24 @@ def actor_batch(runtime: Runtime, rollouts: Batch, *columns: str) -> Batch:
     return _counted(runtime, rollouts.select(*columns, meta=False))
 
 
+def sampling_from(section: RolloutConfig | ValSamplingConfig, runtime: Runtime, seed: int) -> SamplingParams:
+    """Sampling with a config section's ``n``, ``temperature``, ``top_p`` and ``top_k``, up to
+    ``data.max_response_length`` new tokens, seeded with ``seed``."""
+    return SamplingParams(
+        n=section.n,
+        temperature=section.temperature,
+        top_p=section.top_p,
+        top_k=section.top_k,
+        max_new_tokens=runtime.config.data.max_response_length,
+        seed=seed,
+    )
+
+
 def sampling_params(runtime: Runtime) -> SamplingParams:
     """The configured training sampling, seeded per step so a resumed run samples what the uninterrupted
     run sampled."""
     rollout = runtime.config.rollout
-    return SamplingParams(
-        n=rollout.n,
-        temperature=rollout.temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        max_new_tokens=runtime.config.data.max_response_length,
-        seed=(rollout.seed + runtime.step) % 2**31,
-    )
+    return sampling_from(rollout, runtime, (rollout.seed + runtime.step) % 2**31)
 
 
 @step_columns(

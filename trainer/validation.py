@@ -18,7 +18,7 @@ from hybridflow.data import PromptLoader
 from hybridflow.protocol import Batch
 from hybridflow.rollout.sampling import SamplingParams
 from trainer.runtime import Runtime
-from trainer.steps import decode_responses, reward_scores
+from trainer.steps import decode_responses, reward_scores, sampling_from
 
 __all__ = ["Finish", "validate", "validation_metrics", "validation_rollouts", "validation_sampling"]
 
@@ -30,16 +30,8 @@ returns them with ``response_text``."""
 def validation_sampling(runtime: Runtime) -> SamplingParams:
     """The configured validation sampling (``rollout.val_sampling``; greedy by default), up to
     ``data.max_response_length`` new tokens, seeded with ``rollout.seed``."""
-    config = runtime.config
-    val = config.rollout.val_sampling
-    return SamplingParams(
-        n=val.n,
-        temperature=val.temperature,
-        top_p=val.top_p,
-        top_k=val.top_k,
-        max_new_tokens=config.data.max_response_length,
-        seed=config.rollout.seed,
-    )
+    rollout = runtime.config.rollout
+    return sampling_from(rollout.val_sampling, runtime, rollout.seed)
 
 
 def _decoded(runtime: Runtime, rollouts: Batch) -> Batch:
