@@ -74,25 +74,33 @@ def latent_model(tmp_path_factory) -> tuple[Path, Path]:
     return root, save_model_dir(model, tokenizer, root / "model")
 
 
+def _small_run(root: Path, model_dir: Path) -> list[str]:
+    """Overrides of the recipe's config for a CPU-sized run on the test's model and task, without
+    validation, logging to jsonl only."""
+    return [
+        f"model.path={model_dir}",
+        f"data.train_files=[{root / 'train.parquet'}]",
+        f"data.val_files=[{root / 'test.parquet'}]",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=32",
+        "actor.ppo_micro_batch_size=8",
+        f"reward.default_fn={root / 'reward.py'}:count_sevens",
+        "trainer.val_every=0",
+        "trainer.val_before_train=false",
+        "trainer.loggers=[jsonl]",
+    ]
+
+
 @pytest.mark.slow
 def test_two_latent_grpo_steps_keep_rollout_and_trainer_in_sync(ray_cluster, latent_model):
     root, model_dir = latent_model
     config = load_config(
         RECIPE / "config.yaml",
         [
-            f"model.path={model_dir}",
-            f"data.train_files=[{root / 'train.parquet'}]",
-            f"data.val_files=[{root / 'test.parquet'}]",
-            "data.train_batch_size=8",
-            "rollout.n=4",
-            "actor.ppo_mini_batch_size=32",
-            "actor.ppo_micro_batch_size=8",
+            *_small_run(root, model_dir),
             "actor.lr=3e-3",
-            f"reward.default_fn={root / 'reward.py'}:count_sevens",
             "trainer.total_steps=2",
-            "trainer.val_every=0",
-            "trainer.val_before_train=false",
-            "trainer.loggers=[jsonl]",
             f"trainer.output_dir={root / 'run'}",
             "resharding.max_log_prob_gap=1e-3",
             "resource.cpus_per_slot=0.5",
@@ -130,18 +138,8 @@ def test_the_recipe_runs_one_step_as_a_script_from_another_folder(latent_model, 
     command = [
         sys.executable,
         str(RECIPE / "main.py"),
-        f"model.path={model_dir}",
-        f"data.train_files=[{root / 'train.parquet'}]",
-        f"data.val_files=[{root / 'test.parquet'}]",
-        "data.train_batch_size=8",
-        "rollout.n=4",
-        "actor.ppo_mini_batch_size=32",
-        "actor.ppo_micro_batch_size=8",
-        f"reward.default_fn={root / 'reward.py'}:count_sevens",
+        *_small_run(root, model_dir),
         "trainer.total_steps=1",
-        "trainer.val_every=0",
-        "trainer.val_before_train=false",
-        "trainer.loggers=[jsonl]",
         f"trainer.output_dir={out}",
         f"rollout.cache_dir={tmp_path / 'compile'}",
         "resource.cpus_per_slot=0.5",
