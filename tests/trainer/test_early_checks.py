@@ -4,7 +4,6 @@ filesystem."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.data import write_rows
-from tests.trainer.test_early_errors import CLI_DRIVER, REPO_ROOT
+from tests.trainer.test_early_errors import REPO_ROOT, run_cli
 from trainer.config import ConfigError, load_config
 from trainer.config.prompt_lengths import check_prompts_fit, prompt_tokenizer
 
@@ -54,16 +53,7 @@ def test_one_fitting_prompt_is_enough(tmp_path, train_file):
 
 
 def test_the_cli_stops_with_code_2_before_ray_starts(tmp_path, train_file):
-    argv = {"too_long": overrides(train_file, tmp_path, 7)}
-    run = subprocess.run(
-        [sys.executable, "-c", CLI_DRIVER, json.dumps(argv)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr
-    result = json.loads(run.stdout.splitlines()[-1])["too_long"]
+    result = run_cli({"too_long": overrides(train_file, tmp_path, 7)})["too_long"]
     assert result["code"] == 2, result
     assert "data.max_prompt_length: 7 tokens is shorter than every prompt of data.train_files" in result["stderr"]
     assert result["ray"] is False and result["children"] == [], result

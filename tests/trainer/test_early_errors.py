@@ -185,14 +185,9 @@ print(json.dumps(results))
 """
 
 
-def test_the_cli_exits_with_code_2_before_starting_anything(tmp_path, good):
-    """All the cases through the real command line in one fresh process: each exits with code 2, prints
-    the header and its one problem, and neither Ray nor any child process was started."""
-    cases = bad_cases(tmp_path, good)
-    argvs = {
-        name: [*(["--config", str(yaml_file)] if yaml_file else []), *items]
-        for name, (items, yaml_file, _) in cases.items()
-    }
+def run_cli(argvs: dict[str, list[str]]) -> dict[str, dict]:
+    """Each named argument list through the CLI in one fresh interpreter (`CLI_DRIVER`): its exit code,
+    stderr, whether Ray started and the child processes left, by name."""
     run = subprocess.run(
         [sys.executable, "-c", CLI_DRIVER, json.dumps(argvs)],
         cwd=REPO_ROOT,
@@ -201,7 +196,19 @@ def test_the_cli_exits_with_code_2_before_starting_anything(tmp_path, good):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    results = json.loads(run.stdout.splitlines()[-1])
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+
+def test_the_cli_exits_with_code_2_before_starting_anything(tmp_path, good):
+    """All the cases through the real command line in one fresh process: each exits with code 2, prints
+    the header and its one problem, and neither Ray nor any child process was started."""
+    cases = bad_cases(tmp_path, good)
+    argvs = {
+        name: [*(["--config", str(yaml_file)] if yaml_file else []), *items]
+        for name, (items, yaml_file, _) in cases.items()
+    }
+    results = run_cli(argvs)
     for name, (_, _, expected) in cases.items():
         result = results[name]
         assert result["code"] == 2, (name, result)
