@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -11,7 +12,22 @@ import torch
 from hybridflow.protocol import Batch
 from hybridflow.rollout.sampling import SamplingParams
 
-__all__ = ["RolloutEngine"]
+__all__ = ["RolloutEngine", "SampledTokens"]
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    """One sample drawn after a token prefix: the exact ids the engine sampled and their log-probs.
+
+    Attributes:
+        token_ids: the sampled ids, the final stop token included when the sample stopped.
+        log_probs: the log-prob (nats) of each sampled id under the distribution it was drawn from.
+        finish_reason: ``"stop"`` or ``"length"``, as in ``RolloutEngine.generate``.
+    """
+
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    finish_reason: str
 
 
 class RolloutEngine(ABC):
@@ -55,6 +71,44 @@ class RolloutEngine(ABC):
             - non-tensor ``finish_reason``: ``"stop"`` (an end-of-sequence or stop token) or
               ``"length"`` (``max_new_tokens`` reached).
         """
+
+    def continue_token_lists(
+        self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[SampledTokens]:
+        """Continue each token prefix with ``sampling.n`` samples: the entry point of multi-turn episodes.
+
+        A prefix is a whole episode so far (prompt, earlier sampled turns, inserted observations), as
+        exact ids; nothing is re-tokenised. The prefixes are left-padded into one prompt Batch and
+        passed to `generate`, so each engine continues them as it generates from prompts: vLLM with
+        its prefix cache (blocks of an episode's earlier turns are served from the cache when still
+        held), the HF engine by prefilling the prefix.
+
+        Args:
+            prefixes: one non-empty id list per episode.
+            sampling: how to sample; every prefix gets ``sampling.max_new_tokens`` at most.
+
+        Returns:
+            ``len(prefixes) * sampling.n`` samples, prefix-major (prefix i's at ``i*n .. i*n+n-1``).
+        """
+        if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
+            raise ValueError("continue_token_lists needs at least one prefix and no empty prefix")
+        width = max(len(prefix) for prefix in prefixes)
+        input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for row, prefix in enumerate(prefixes):
+            input_ids[row, width - len(prefix) :] = torch.as_tensor(list(prefix), dtype=torch.long)
+            attention_mask[row, width - len(prefix) :] = 1
+        out = self.generate(Batch({"input_ids": input_ids, "attention_mask": attention_mask}), sampling)
+        columns = (
+            out["responses"].tolist(),
+            out["rollout_log_probs"].tolist(),
+            out["response_lengths"].tolist(),
+            out["finish_reason"],
+        )
+        return [
+            SampledTokens(tuple(ids[:length]), tuple(log_probs[:length]), str(reason))
+            for ids, log_probs, length, reason in zip(*columns, strict=True)
+        ]
 
     @abstractmethod
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
