@@ -1,7 +1,8 @@
 """Command line: ``python -m trainer.main --config grpo.yaml key=value ...`` (or ``hybridflow ...``).
 
 Loads and validates the config (every problem reported at once, by key), checks that some prompt fits
-``data.max_prompt_length`` (the one check that needs the tokenizer), starts or joins a Ray
+``data.max_prompt_length`` (the one check that needs the tokenizer), settles the output folder and the
+checkpoint to resume from (`trainer.run_folder.open_run`), starts or joins a Ray
 cluster, builds the `Runtime` and runs the configured algorithm's step (`trainer.algorithms.rl_step`) under
 `trainer.fit.fit`.
 """
@@ -21,6 +22,7 @@ from trainer.config import ConfigError, load_config
 from trainer.config.prompt_lengths import check_prompts_fit, prompt_tokenizer
 from trainer.fit import fit
 from trainer.ray_runtime import start_ray
+from trainer.run_folder import open_run
 from trainer.runtime import Runtime
 
 __all__ = ["cli", "main", "run_config_file"]
@@ -33,9 +35,10 @@ def run_config_file(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(path, overrides)
     check_prompts_fit(config, prompt_tokenizer(config))
+    run = open_run(config)
     with (
         start_ray(config, ray_address) as ray_start,
-        Runtime(config, startup_s={"ray": ray_start.seconds}) as runtime,
+        Runtime(config, startup_s={"ray": ray_start.seconds}, run=run) as runtime,
     ):
         return fit(runtime, rl_step)
 
@@ -53,7 +56,8 @@ def cli() -> None:
     """Entry point of the installed ``hybridflow`` command.
 
     Exits with code 2 on a config error (every problem printed, one per line, before any process
-    starts), and with code 1 and a one-line message on the run's named failures: a full disk while
+    starts; also an output folder holding another run under ``trainer.existing_output=refuse``, or a
+    ``trainer.resume`` folder that is not a complete checkpoint), and with code 1 and a one-line message on the run's named failures: a full disk while
     checkpointing, a checkpoint to resume from that is incomplete, a reward function failing on every
     row. Anything else raises with its traceback.
     """

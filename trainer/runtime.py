@@ -30,6 +30,7 @@ from hybridflow.rewards import RewardManager
 from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
+from trainer.run_folder import RunStart, open_run
 
 __all__ = ["Runtime"]
 
@@ -48,8 +49,11 @@ class Runtime:
             ``runtime.critic``, ``runtime.reward_model``).
         startup_s: seconds of start-up parts that ran before the runtime, by part name (such as
             ``{"ray": start_ray(...).seconds}``); they open the start-up report.
+        run: how the run starts in its output folder (`trainer.run_folder.open_run`, which the command
+            line calls before Ray starts); None calls it here, first, before anything is built.
 
     Attributes:
+        run: the run's identity (written into every checkpoint) and the checkpoint it resumes from.
         actor, critic, reward_model: the worker groups (``critic`` and ``reward_model`` may be None).
         total_steps: the run's length in steps (``trainer.total_steps``, else ``trainer.total_epochs``
             epochs of prompts); the learning-rate schedule and the progress bar span it.
@@ -74,7 +78,9 @@ class Runtime:
         config: RunConfig,
         worker_classes: Mapping[str, type[Worker]] | None = None,
         startup_s: Mapping[str, float] | None = None,
+        run: RunStart | None = None,
     ) -> None:
+        self.run = run if run is not None else open_run(config)
         self.startup = StartupTimer()
         for part, seconds in (startup_s or {}).items():
             self.startup.add(part, seconds)
@@ -184,7 +190,8 @@ class Runtime:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint_dir/step_{k}`` through `hybridflow.checkpoint.CheckpointStore`: the actor's
         (and critic's) distributed checkpoints, then the marker holding the controller's state (data
-        position, KL coefficient, the training monitor's windows), which makes it complete. A full disk
+        position, KL coefficient, the training monitor's windows) and the run's identity, which makes it
+        complete. A full disk
         raises `DiskFullError` naming the step and the space needed and free, and leaves no partial
         folder behind."""
 
@@ -200,24 +207,19 @@ class Runtime:
         }
         size_hint = training_state_bytes(self.model_dir, trained_models=1 if self.critic is None else 2)
         store = CheckpointStore(self.config.trainer.checkpoint_dir)
-        return store.save(self.step, state, write_parts, size_hint)
+        return store.save(self.step, state, write_parts, size_hint, run=self.run.identity)
 
     def resume(self) -> Checkpoint | None:
-        """Load the checkpoint ``trainer.resume`` names (``auto``: the newest complete one under
-        ``trainer.checkpoint_dir``, skipping torn folders with a warning; ``disable``: none) and return it,
-        or None on a fresh start.
+        """Load the checkpoint that `open_run` chose from ``trainer.resume`` (``auto``: the newest complete
+        one under ``trainer.checkpoint_dir``, skipping torn folders with a warning; ``disable``: none) and
+        return it, or None on a fresh start.
 
-        Loading brings back the actor's (and critic's) weights, optimizer and schedule, the data position,
-        the KL coefficient and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the
-        loggers drop the records of the steps this run logs again, so each step appears once.
+        Loading brings back the actor's (and critic's) weights, optimizer state and schedule position
+        (the optimizer settings themselves come from the config), the data position, the KL coefficient
+        and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the loggers drop the
+        records of the steps this run logs again, so each step appears once.
         """
-        resume = self.config.trainer.resume
-        store = CheckpointStore(self.config.trainer.checkpoint_dir)
-        checkpoint = None
-        if resume == "auto":
-            checkpoint = store.latest()
-        elif resume != "disable":
-            checkpoint = store.load(resume)
+        checkpoint = self.run.checkpoint
         if checkpoint is not None:
             self.actor.load_checkpoint(str(checkpoint.path / "actor"))
             if self.critic is not None:

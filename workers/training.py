@@ -262,11 +262,30 @@ def load_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> int:
-    """Restore what `save_training_state` wrote into the live (sharded) objects; returns the step count."""
+    """Restore what `save_training_state` wrote into the live (sharded) objects; returns the step count.
+
+    The optimizer's settings stay those of the config that built ``optimizer`` and ``scheduler``: the
+    weights, the optimizer's moments and step count and the schedule's position come from the
+    checkpoint, while the learning rate (and the schedule applied to it), betas and weight decay are
+    the config's, so a run resumed with an edited ``lr`` trains at it (`trainer.run_folder` warns).
+    """
+    configured = [{key: group[key] for key in _CONFIGURED_SETTINGS} for group in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory / f"{prefix}_dcp"))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     saved = torch.load(directory / f"{prefix}_state.pt", weights_only=False)
     scheduler.load_state_dict(saved["scheduler"])
+    for group, settings, base_lr in zip(optimizer.param_groups, configured, base_lrs, strict=True):
+        group.update(settings, initial_lr=base_lr)
+    scheduler.base_lrs = base_lrs
+    # Recompute the current learning rate from the config's base at the loaded position: step back one
+    # and step again (with an unchanged config this is the saved value, bit for bit).
+    scheduler.last_epoch -= 1
+    scheduler.step()
     return saved["update_steps"]
+
+
+_CONFIGURED_SETTINGS = ("betas", "weight_decay")
+"""Optimizer param-group settings besides the learning rate that the config decides on resume."""

@@ -8,7 +8,8 @@
     checkpoint.step, checkpoint.state
 
 See :mod:`hybridflow.checkpoint.store` (folders, saving, the resume search),
-:mod:`hybridflow.checkpoint.marker` (the atomic completion marker) and
+:mod:`hybridflow.checkpoint.marker` (the atomic completion marker),
+:mod:`hybridflow.checkpoint.run_identity` (the run a checkpoint belongs to) and
 :mod:`hybridflow.checkpoint.disk` (disk-full detection).
 """
 
@@ -19,23 +20,40 @@ from hybridflow.checkpoint.errors import (
     DiskFullError,
     IncompleteCheckpointError,
 )
-from hybridflow.checkpoint.marker import MARKER_FILE, file_checksum, read_marker, write_marker
+from hybridflow.checkpoint.marker import MARKER_FILE, Marker, file_checksum, read_marker, write_marker
+from hybridflow.checkpoint.run_identity import (
+    RUN_FILE,
+    RunIdentity,
+    differing_keys,
+    flat_config,
+    new_run_id,
+    read_run_file,
+    write_run_file,
+)
 from hybridflow.checkpoint.sizing import training_state_bytes
 from hybridflow.checkpoint.store import Checkpoint, CheckpointStore
 
 __all__ = [
     "MARKER_FILE",
+    "RUN_FILE",
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
     "CorruptCheckpointError",
     "DiskFullError",
     "IncompleteCheckpointError",
+    "Marker",
+    "RunIdentity",
+    "differing_keys",
     "file_checksum",
+    "flat_config",
     "free_bytes",
     "is_disk_full",
+    "new_run_id",
     "read_marker",
+    "read_run_file",
     "training_state_bytes",
     "tree_bytes",
     "write_marker",
+    "write_run_file",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from hybridflow.checkpoint.disk import free_bytes, is_disk_full, tree_bytes
 from hybridflow.checkpoint.errors import DiskFullError, IncompleteCheckpointError
 from hybridflow.checkpoint.marker import MARKER_FILE, read_marker, sync_tree, write_marker
+from hybridflow.checkpoint.run_identity import RunIdentity
 
 __all__ = ["Checkpoint", "CheckpointStore"]
 
@@ -24,11 +25,13 @@ _STEP_FOLDER = re.compile(r"step_(\d+)")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint: its folder, its training step and the state saved with its marker."""
+    """A complete checkpoint: its folder, its training step, the state saved with its marker and the
+    run it belongs to (None for a checkpoint written before run identities)."""
 
     path: Path
     step: int
     state: Mapping[str, Any]
+    run: RunIdentity | None = None
 
 
 class CheckpointStore:
@@ -51,9 +54,11 @@ class CheckpointStore:
         state: Mapping[str, Any],
         write_parts: Callable[[Path], None],
         size_hint_bytes: int = 0,
+        run: RunIdentity | None = None,
     ) -> Path:
         """Write the checkpoint of ``step``: ``write_parts(folder)`` writes its files, then the marker
-        holding ``state`` (plain Python data and tensors) is written. Returns the folder.
+        holding ``state`` (plain Python data and tensors) and ``run`` (the run it belongs to) is
+        written. Returns the folder.
 
         If anything fails, the folder holds no marker, so it is never taken for a complete checkpoint.
         A failure caused by a full disk also removes the folder and raises `DiskFullError` naming the
@@ -68,7 +73,7 @@ class CheckpointStore:
             path.mkdir(parents=True, exist_ok=True)
             write_parts(path)
             sync_tree(path)
-            write_marker(path, step, state)
+            write_marker(path, step, state, run)
         except BaseException as error:
             written = tree_bytes(path)
             needed = max(size_hint_bytes, self._newest_complete_bytes(), written)
@@ -88,8 +93,8 @@ class CheckpointStore:
         path = Path(path)
         if not path.is_dir():
             raise IncompleteCheckpointError(path, "no such folder")
-        step, state = read_marker(path)
-        return Checkpoint(path, step, state)
+        step, state, run = read_marker(path)
+        return Checkpoint(path, step, state, run)
 
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint under ``root`` (None if there is none).
@@ -104,6 +109,10 @@ class CheckpointStore:
             except IncompleteCheckpointError as error:
                 log.warning("skipping %s; falling back to an earlier checkpoint", error)
         return None
+
+    def steps(self) -> list[int]:
+        """The steps of the ``step_{k}`` folders under ``root``, complete or not, in order (no file is read)."""
+        return sorted(step for step, _ in self._step_folders())
 
     def _step_folders(self) -> list[tuple[int, Path]]:
         if not self.root.is_dir():

@@ -79,6 +79,7 @@ RUNTIME_READS: dict[str, str] = {
     "trainer.save_every": "config.save_every",
     "trainer.checkpoint_dir": "config.trainer.checkpoint_dir",
     "trainer.resume": "config.trainer.resume",
+    "trainer.existing_output": "config.trainer.existing_output",
     "trainer.loggers": "config.trainer.loggers",
     "trainer.console": "config.trainer.console",
     "trainer.project": "config.trainer.project",

@@ -187,7 +187,9 @@ class TrainerConfig:
 
     ``total_steps`` (when set) overrides ``total_epochs``. ``val_every``/``save_every`` 0 means never.
     ``resume`` is ``auto`` (latest checkpoint in ``checkpoint_dir`` if any), ``disable`` or a checkpoint
-    path. ``console``: ``quiet`` sends the engine's and Ray's output to ``<output_dir>/logs`` and keeps
+    path. ``existing_output`` is what a fresh start does in an output folder that holds another run's
+    metrics or checkpoints: ``refuse`` (stop before anything starts, saying what the folder holds),
+    ``archive`` (move them into a dated subfolder) or ``delete`` (`trainer.run_folder`). ``console``: ``quiet`` sends the engine's and Ray's output to ``<output_dir>/logs`` and keeps
     the console to the progress bar, the metric lines and real warnings
     (`hybridflow.metrics.log_routing`); ``verbose`` leaves every process's output on the console.
     """
@@ -199,6 +201,7 @@ class TrainerConfig:
     save_every: int = config_field(0, ge=0)
     checkpoint_dir: str = "${trainer.output_dir}/checkpoints"
     resume: str = "auto"
+    existing_output: Literal["refuse", "archive", "delete"] = "refuse"
     loggers: tuple[LoggerName, ...] = ("console", "jsonl")
     project: str = "hybridflow"
     experiment: str = "default"
