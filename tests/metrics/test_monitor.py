@@ -405,7 +405,7 @@ def test_every_monitor_metric_is_documented():
     outputs = observe_all(TrainingMonitor(config), (rich_step(step) for step in range(1, 6)))
     outputs[6] = TrainingMonitor(config).observe(6, Batch(), {"actor/entropy": 1.0})
     names = {name.replace("/src", "/<source>") for out in outputs.values() for name in out}
-    assert len(names) == 15 + len(ALARMS) + len(DIAGNOSTICS)
+    assert len(names) == 17 + len(ALARMS) + len(DIAGNOSTICS)
     text = DOCS.read_text()
     missing = sorted(name for name in names if f"`{name}`" not in text)
     assert not missing, f"docs/metrics.md lacks {missing}"

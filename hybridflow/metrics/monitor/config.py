@@ -34,13 +34,17 @@ class MonitorConfig:
     ``repetition_rise``; the reward model's standardized gain ahead of the rule reward's by
     ``rm_divergence``.
 
+    Malformed reward inputs: every row's reward (``rule_scores``, else ``scores``) exactly 0 while at
+    least half of the rows' inputs look malformed (an empty response, or a ground truth that is missing,
+    empty, or bytes), for ``malformed_reward_patience`` steps in a row.
+
     Diagnostics: equal-reward groups at ``zero_advantage_frac``, truncated responses at
     ``truncation_frac``, entropy (``entropy_key``) under ``entropy_floor``, clip fraction
     (``clip_frac_key``) at most ``clip_frac_low`` or at least ``clip_frac_high`` for ``clip_patience``
     steps, loss (``loss_key``) exactly 0 when ``warn_zero_loss``.
 
-    ``stop_on_alarm`` raises :class:`~hybridflow.metrics.monitor.TrainingAlarm` when a drift or hacking
-    alarm fires; diagnostics only warn.
+    ``stop_on_alarm`` raises :class:`~hybridflow.metrics.monitor.TrainingAlarm` when a drift, hacking or
+    malformed-reward alarm fires; diagnostics only warn.
     """
 
     enabled: bool = True
@@ -61,6 +65,7 @@ class MonitorConfig:
     repetition_ngram: int = config_field(4, ge=1)
     repetition_rise: float | None = config_field(0.1, gt=0)
     rm_divergence: float | None = config_field(1.0, gt=0)
+    malformed_reward_patience: int | None = config_field(3, ge=1)
     zero_advantage_frac: float | None = config_field(1.0, gt=0, le=1)
     truncation_frac: float | None = config_field(0.5, gt=0, le=1)
     entropy_key: str = "actor/entropy"

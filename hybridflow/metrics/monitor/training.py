@@ -9,11 +9,13 @@ column                  shape                        used by
 ======================  ===========================  ==================================================
 ``scores``              ``[batch]``                  drift; equal-reward groups; accuracy (fallback)
 ``data_source``         non-tensor ``[batch]``       drift (one pair of windows per source)
-``rule_scores``         ``[batch]``                  accuracy; reward-model divergence
+``rule_scores``         ``[batch]``                  accuracy; reward-model divergence; malformed inputs
 ``rm_scores``           ``[batch]``                  reward-model divergence
-``response_mask``       ``[batch, response_len]``    response length; repetition; entropy estimate
+``response_mask``       ``[batch, response_len]``    response length; repetition; entropy estimate;
+                                                     empty responses (without ``response_text``)
 ``responses``           ``[batch, response_len]``    repetition (token ids)
-``response_text``       non-tensor ``[batch]``       format pass rate (``format_fn``)
+``response_text``       non-tensor ``[batch]``       format pass rate (``format_fn``); malformed inputs
+``ground_truth``        non-tensor ``[batch]``       malformed reward inputs
 ``group_ids``           ``[batch]``/``[batch, L]``   equal-reward groups
 ``finish_reason``       non-tensor ``[batch]``       truncation (``"length"``)
 ``rollout_log_probs``   ``[batch, response_len]``    entropy estimate when ``entropy_key`` is absent
@@ -23,8 +25,8 @@ Metrics read: ``entropy_key``, ``clip_frac_key`` and ``loss_key`` of the config,
 :data:`LEARNING_RATE_KEY` (the learning rate of the actor's optimizer steps).
 
 An alarm *fires* on the first step its condition holds (again after a step without it): it is logged
-with ``logging.warning`` naming the number that tripped it, and with ``stop_on_alarm`` a drift or hacking
-alarm raises :class:`TrainingAlarm`, so the loop can save a checkpoint and stop. While the condition
+with ``logging.warning`` naming the number that tripped it, and with ``stop_on_alarm`` an alarm about the
+reward (:data:`ALARMS`) raises :class:`TrainingAlarm`, so the loop can save a checkpoint and stop. While the condition
 holds, ``monitor/alarm/<name>`` is 1.
 """
 
@@ -50,12 +52,26 @@ from hybridflow.metrics.rl import sequence_scores
 from hybridflow.protocol import Batch
 from hybridflow.rewards.registry import resolve_reward_function
 
-__all__ = ["ALARMS", "DIAGNOSTICS", "LEARNING_RATE_KEY", "Alarm", "TrainingAlarm", "TrainingMonitor"]
+__all__ = [
+    "ALARMS",
+    "DIAGNOSTICS",
+    "LEARNING_RATE_KEY",
+    "MALFORMED_SHARE",
+    "Alarm",
+    "TrainingAlarm",
+    "TrainingMonitor",
+    "malformed_inputs",
+]
 
 logger = logging.getLogger(__name__)
 
-ALARMS = ("drift", "length_hacking", "format_saturation", "repetition", "rm_divergence")
+ALARMS = ("drift", "length_hacking", "format_saturation", "repetition", "rm_divergence", "malformed_reward")
 """Alarms about the reward: with ``stop_on_alarm`` each raises :class:`TrainingAlarm` when it fires."""
+
+MALFORMED_SHARE = 0.5
+"""The share of a step's rows with malformed reward inputs (`malformed_inputs`) from which a step whose
+rewards are all 0 counts toward the ``malformed_reward`` alarm. A hard task scores 0 everywhere with
+well-formed inputs; a reward fed empty responses or empty ground truths does so with malformed ones."""
 
 DIAGNOSTICS = (
     "zero_advantage",
@@ -92,7 +108,7 @@ class Alarm:
 
 
 class TrainingAlarm(RuntimeError):
-    """Raised by :meth:`TrainingMonitor.observe` when ``stop_on_alarm`` is on and a drift or hacking
+    """Raised by :meth:`TrainingMonitor.observe` when ``stop_on_alarm`` is on and a reward
     alarm fires. ``metrics`` holds the step's ``monitor/*`` metrics, which ``observe`` could not return."""
 
     def __init__(self, step: int, alarms: list[Alarm], metrics: dict[str, float]) -> None:
@@ -104,6 +120,8 @@ class TrainingAlarm(RuntimeError):
 
 
 _Record = dict[str, float]
+
+_NO_STREAKS = {"clip_frac_zero": 0, "clip_frac_high": 0, "malformed_reward": 0}
 
 
 class TrainingMonitor:
@@ -131,7 +149,7 @@ class TrainingMonitor:
         self.optimizer_steps_per_batch = optimizer_steps_per_batch
         self._drift = RewardDriftTracker(self.config.drift_window, self.config.drift_reference)
         self._history: deque[_Record] = deque(maxlen=self.config.trend_window)
-        self._streaks = {"clip_frac_zero": 0, "clip_frac_high": 0}
+        self._streaks = dict(_NO_STREAKS)
         self._holding: set[str] = set()
         self._format_fn = None if self.config.format_fn is None else _resolve_format_fn(self.config.format_fn)
 
@@ -141,14 +159,16 @@ class TrainingMonitor:
         """Judge one step: its ``rollouts`` Batch and its ``metrics`` (names to numbers).
 
         Returns ``monitor/*`` metrics (docs/metrics.md); logs a warning for each alarm that fires and,
-        with ``stop_on_alarm``, raises :class:`TrainingAlarm` if a drift or hacking alarm fired.
+        with ``stop_on_alarm``, raises :class:`TrainingAlarm` if an alarm of ``ALARMS`` fired.
         """
         if not self.config.enabled:
             return {}
         out: dict[str, float] = {}
+        malformed = self._malformed_reward(rollouts, out)
         alarms = [
             *self._drift_alarms(rollouts, out),
             *self._hacking_alarms(rollouts, out),
+            *([malformed] if malformed is not None else []),
             *self._diagnostics(rollouts, metrics, out),
         ]
         holding = {alarm.name for alarm in alarms}
@@ -343,6 +363,31 @@ class TrainingMonitor:
             f"(gap {divergence:.2f} >= monitor.rm_divergence={config.rm_divergence})",
         )
 
+    # ------------------------------------------------------------------ malformed reward inputs
+
+    def _malformed_reward(self, rollouts: Batch, out: dict[str, float]) -> Alarm | None:
+        column = next((name for name in ("rule_scores", "scores") if name in rollouts), None)
+        malformed = malformed_inputs(rollouts)
+        if column is None or malformed is None or not len(rollouts):
+            return None
+        share = float(np.mean(malformed))
+        all_zero = bool((rollouts[column] == 0).all())
+        streak = self._streaks["malformed_reward"] + 1 if all_zero and share >= MALFORMED_SHARE else 0
+        self._streaks["malformed_reward"] = streak
+        out["monitor/reward/malformed_input_frac"] = share
+        out["monitor/reward/zero_malformed_streak"] = float(streak)
+        patience = self.config.malformed_reward_patience
+        if patience is None or streak < patience:
+            return None
+        return Alarm(
+            "malformed_reward",
+            f"every reward ({column}) has been 0 for {streak} steps in a row (>= "
+            f"monitor.malformed_reward_patience={patience}) while {share:.0%} of this step's {len(rollouts)} "
+            "rows have malformed reward inputs (an empty response, or a ground truth that is missing, empty "
+            "or bytes): the reward function cannot score them; check the data's ground_truth column and "
+            "the responses",
+        )
+
     # ------------------------------------------------------------------ is it training?
 
     def _diagnostics(self, rollouts: Batch, metrics: Mapping[str, Any], out: dict[str, float]) -> list[Alarm]:
@@ -496,8 +541,35 @@ class TrainingMonitor:
         """Continue from :meth:`state_dict` of a monitor with the same config."""
         self._drift.load_state_dict(state["drift"])
         self._history = deque((dict(record) for record in state["history"]), maxlen=self.config.trend_window)
-        self._streaks = dict(state["streaks"])
+        # States saved before an alarm existed lack its streak: it starts at 0.
+        self._streaks = {**_NO_STREAKS, **state["streaks"]}
         self._holding = set(state["holding"])
+
+
+def malformed_inputs(rollouts: Batch) -> list[bool] | None:
+    """Per row, whether its reward inputs look malformed: an empty response (blank ``response_text``,
+    else no token under ``response_mask``) or a ground truth that is missing (None), blank text, an empty
+    list or mapping, or bytes. None when the Batch has neither responses nor ground truths."""
+    rows = len(rollouts)
+    empty: list[bool] | None = None
+    if "response_text" in rollouts:
+        empty = [not str(text).strip() for text in rollouts["response_text"]]
+    elif "response_mask" in rollouts:
+        empty = (rollouts["response_mask"].sum(-1) == 0).tolist()
+    truths = [_malformed_truth(truth) for truth in rollouts["ground_truth"]] if "ground_truth" in rollouts else None
+    if empty is None and truths is None:
+        return None
+    return [a or b for a, b in zip(empty or [False] * rows, truths or [False] * rows, strict=True)]
+
+
+def _malformed_truth(truth: Any) -> bool:
+    if truth is None or isinstance(truth, bytes | bytearray):
+        return True
+    if isinstance(truth, str):
+        return not truth.strip()
+    if isinstance(truth, list | tuple | dict | np.ndarray):
+        return len(truth) == 0
+    return False
 
 
 def _resolve_format_fn(spec: str) -> Callable[..., Any]:
