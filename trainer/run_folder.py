@@ -11,7 +11,8 @@ the config), and records it in ``<output_dir>/run.json``:
   (`RunFolderError`, naming the folder, what it holds and the ways out), ``archive`` (move them into
   ``<output_dir>/archive/<UTC time>/``) or ``delete``; each says what it did;
 - a resumed checkpoint whose config differs from this one's is taken with a warning naming the keys
-  (those of `FREE_KEYS` may differ freely); differing optimizer settings (`OPTIMIZER_FIELDS`) get a
+  (those of `FREE_KEYS` may differ freely), unless one is of `PINNED_KEYS` (`RunFolderError`);
+  differing optimizer settings (`OPTIMIZER_FIELDS`) get a
   warning of their own: the config wins (`workers.training.load_training_state`).
 
 `RunFolderError` is a `ConfigError` under ``trainer.output_dir`` or ``trainer.resume``: the command
@@ -43,7 +44,15 @@ from hybridflow.checkpoint import (
 from hybridflow.metrics.loggers.factory import METRICS_FILE, TENSORBOARD_DIR
 from trainer.config import ConfigError, RunConfig, config_to_dict
 
-__all__ = ["ARCHIVE_DIR", "FREE_KEYS", "OPTIMIZER_FIELDS", "RunFolderError", "RunStart", "open_run"]
+__all__ = [
+    "ARCHIVE_DIR",
+    "FREE_KEYS",
+    "OPTIMIZER_FIELDS",
+    "PINNED_KEYS",
+    "RunFolderError",
+    "RunStart",
+    "open_run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,10 @@ OPTIMIZER_FIELDS = (
 )
 """The optimizer settings of ``actor`` and ``critic`` whose change on resume is named on its own: the
 config's values win over the checkpoint's."""
+
+PINNED_KEYS = ("data.seed", "data.shuffle", "data.train_batch_size")
+"""Keys a resumed run must share with its checkpoint: the saved data position (epoch, batch) means
+nothing under another prompt order or batch size, so a difference stops the run before Ray starts."""
 
 ARCHIVE_DIR = "archive"
 """Where ``trainer.existing_output=archive`` moves an earlier run's outputs: ``<output_dir>/archive/<time>``."""
@@ -166,11 +179,9 @@ class _Held:
             )
         elif any(path.name == METRICS_FILE for path in self.outputs):
             parts.append(f"{METRICS_FILE} with no training step")
-        others = [path.name for path in self.outputs if path.name != METRICS_FILE]
-        if others:
-            parts.append(", ".join(others))
-        run = f" of run {self.run_id}" if self.run_id else ""
-        return f"{'; '.join(parts)}{run}"
+        parts += [path.name for path in self.outputs if path.name != METRICS_FILE]
+        run = f", written by run {self.run_id}" if self.run_id else ""
+        return f"{', '.join(parts)}{run}"
 
 
 def _held(output_dir: Path, store: CheckpointStore) -> _Held:
@@ -272,6 +283,16 @@ def _continued_run_id(checkpoint: Checkpoint, flat: dict[str, str], output_dir: 
     current = RunIdentity.of(run.run_id, flat, FREE_KEYS)
     if current.config_hash != run.config_hash:
         keys = differing_keys(run.config, flat, FREE_KEYS)
+        pinned = [key for key in keys if key in PINNED_KEYS]
+        if pinned:
+            raise RunFolderError(
+                [
+                    f"trainer.resume: checkpoint {checkpoint.path} was written with other data settings "
+                    f"({_changes(pinned, run.config, flat)}): its data position holds only for its own "
+                    "prompt order and batch size. Resume with the checkpoint's values, or start fresh in a "
+                    "new trainer.output_dir"
+                ]
+            )
         log.warning(
             "resuming from %s of run %s, whose config differs from this one (config hash %s, now %s) in %d "
             "key(s): %s; the run goes on with this config",

@@ -73,7 +73,10 @@ def test_a_fresh_start_in_a_used_folder_is_refused_naming_the_folder_what_it_hol
     assert f"{setup['out']} already holds another run's outputs" in message
     assert f"2 checkpoints in {setup['out'] / 'checkpoints'} (last step 6)" in message
     assert "metrics.jsonl with 6 logged steps (last step 6)" in message
-    assert "of run old-run" in message
+    assert (
+        f"2 checkpoints in {setup['out'] / 'checkpoints'} (last step 6), metrics.jsonl with 6 logged steps "
+        "(last step 6), run.json, written by run old-run. A fresh start (trainer.resume=disable) would mix"
+    ) in message
     assert "Use a new trainer.output_dir" in message
     assert "trainer.existing_output=archive" in message and "trainer.existing_output=delete" in message
     # Nothing was touched.
@@ -139,13 +142,29 @@ def test_auto_resumes_its_own_run_silently_and_keeps_the_run_id(setup, caplog):
 
 
 def test_auto_names_the_keys_in_which_another_runs_checkpoint_differs(setup, caplog):
-    _old_run(setup, data__seed="1", rollout__n="4")
+    _old_run(setup, algorithm__norm_by_std="false", rollout__n="4")
     with caplog.at_level(logging.WARNING, logger="trainer.run_folder"):
         start = open_run(_config(setup))
     assert start.checkpoint.step == 6
     assert "of run old-run, whose config differs from this one" in caplog.text
-    assert "in 2 key(s): data.seed 1 -> 0, rollout.n 4 -> 8; the run goes on with this config" in caplog.text
+    assert (
+        "in 2 key(s): algorithm.norm_by_std false -> true, rollout.n 4 -> 8; the run goes on with this config"
+    ) in caplog.text
     assert start.identity.run_id == "old-run"
+
+
+def test_a_checkpoint_of_another_prompt_order_is_refused_before_ray(setup):
+    """The data position of a checkpoint means nothing under another data.seed: before, the resume
+    failed after Ray and the workers had started, in the sampler, with a traceback."""
+    _old_run(setup, data__seed="1")
+    with pytest.raises(RunFolderError) as info:
+        open_run(_config(setup, trainer__total_steps="12"))
+    assert str(info.value) == (
+        "1 problem in the run config:\n  - trainer.resume: checkpoint "
+        f"{setup['out'] / 'checkpoints' / 'step_6'} was written with other data settings (data.seed 1 -> 0): "
+        "its data position holds only for its own prompt order and batch size. Resume with the "
+        "checkpoint's values, or start fresh in a new trainer.output_dir"
+    )
 
 
 def test_a_changed_learning_rate_is_named_and_the_config_wins(setup, caplog):
