@@ -51,8 +51,10 @@ COLUMNS: dict[str, str] = {
     "token_level_rewards": "[rows, response_len] float: the token rewards after shaping and an in-reward KL",
     "advantages": "[rows, response_len] float: the advantage of each response token",
     "returns": "[rows, response_len] float: the return of each response token (the critic's target)",
-    "loss_mask": "[rows, response_len] float: 1 where every actor loss term counts the token, 0 where none "
-    "does; multiplied into response_mask for the loss (`loss_response_mask`), not for the forward",
+    "loss_mask": "[rows, response_len] float: each response token's actor loss weight, finite and >= 0 "
+    "(0 = no loss, 1 = as without the column); multiplies every actor loss term of the token, while the "
+    "token counts count the tokens of non-zero weight; multiplied into response_mask for the loss "
+    "(`loss_response_mask`), not for the forward",
     "group_ids": "[rows] int64: the prompt each row answers (rows of one prompt share it)",
     "response_text": "non-tensor: each row's decoded response",
 }
@@ -133,12 +135,18 @@ def step_columns(*, reads: Iterable[str] = (), writes: Iterable[str] = ()) -> Ca
 
 
 def loss_response_mask(batch: Batch) -> torch.Tensor:
-    """``[rows, response_len]``: the response tokens every actor loss term counts: ``response_mask``,
-    times ``loss_mask`` when the batch has one (a step's per-token mask: 1 = train, 0 = no loss).
+    """``[rows, response_len]``: each response token's actor loss weight: ``response_mask``, times
+    ``loss_mask`` when the batch has one (a step's per-token weights; 0/1 is a mask: 1 = train, 0 = no
+    loss), 0 on padding whatever ``loss_mask`` holds there.
+
+    Every actor loss term multiplies a token's loss by its weight, and every token count counts the
+    tokens of non-zero weight (`hybridflow.algos.aggregation`), so a 0/1 ``loss_mask`` gives the
+    loss of its tokens exactly and an all-1 one the loss without the column. The result is
+    ``response_mask`` itself without ``loss_mask``, else of ``loss_mask``'s floating dtype.
 
     Raises:
-        ValueError: naming ``loss_mask``, when its shape is not ``response_mask``'s or it holds a value
-            other than 0 and 1.
+        ValueError: naming ``loss_mask``, when its shape is not ``response_mask``'s, or when a response
+            token's weight is negative, inf or nan (the message names the first such row and position).
     """
     mask = batch["response_mask"]
     if LOSS_MASK not in batch:
@@ -149,6 +157,14 @@ def loss_response_mask(batch: Batch) -> torch.Tensor:
             f"column {LOSS_MASK!r} has shape {tuple(weights.shape)}; it must be response_mask's "
             f"{tuple(mask.shape)}"
         )
-    if not bool(((weights == 0) | (weights == 1)).all()):
-        raise ValueError(f"column {LOSS_MASK!r} must hold only 0 (no loss) and 1 (train)")
-    return mask * weights.to(mask.dtype)
+    if not weights.is_floating_point():
+        weights = weights.float()
+    valid = mask.bool()
+    bad = valid & ~(torch.isfinite(weights) & (weights >= 0))
+    if bool(bad.any()):
+        row, position = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"column {LOSS_MASK!r} must hold a finite weight >= 0 on every response token; row {row} holds "
+            f"{weights[row, position].item()} at response position {position}"
+        )
+    return torch.where(valid, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))

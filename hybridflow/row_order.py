@@ -17,8 +17,8 @@ __all__ = ["balanced_update_order", "carries_advantage"]
 
 
 def carries_advantage(batch: Batch) -> torch.Tensor:
-    """``[batch]`` bool: the rows whose ``advantages`` are non-zero at some response token the loss
-    counts (`loss_response_mask`: ``response_mask``, times ``loss_mask`` when the batch has one).
+    """``[batch]`` bool: the rows whose ``advantages`` are non-zero at some response token of non-zero
+    loss weight (`loss_response_mask`: ``response_mask``, times ``loss_mask`` when the batch has one).
 
     The other rows (zero advantage everywhere, or no counted token) give a policy loss of the form
     ``-A * f`` exactly zero value and gradient.

@@ -328,8 +328,8 @@ def update_actor(runtime: Runtime, rollouts: Batch, loss_fn: ActorLoss | None = 
     ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs`` and ``loss_mask`` when the batch has them
     (``rollout_log_probs`` next to ``old_log_probs`` only when the loss reads it). Without
     ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its own
-    forward (`ActorRolloutRefWorker.update_actor`). ``loss_mask [batch, response_len]`` (0 or 1) limits
-    every loss term to its tokens (`hybridflow.contract.loss_response_mask`). ``loss_fn`` replaces the
+    forward (`ActorRolloutRefWorker.update_actor`). ``loss_mask [batch, response_len]`` (weights >= 0) scales
+    every loss term per token (`hybridflow.contract.loss_response_mask`). ``loss_fn`` replaces the
     config's objective. Rows are sent in `balanced_update_order`, so that every rank gets a like share
     of the rows that carry advantage (the update leaves the others out where that is exact).
     """

@@ -328,9 +328,10 @@ class ActorRolloutRefWorker(Worker):
 
         ``batch`` needs ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
         ``advantages`` (and ``ref_log_probs`` for a KL loss) and usually ``old_log_probs``, and every
-        column ``loss_fn.reads`` declares. An optional ``loss_mask [batch, response_len]`` (0 or 1) is
-        multiplied into the ``response_mask`` every loss term and token count sees; the forward uses the
-        real one (`hybridflow.contract.loss_response_mask`).
+        column ``loss_fn.reads`` declares. An optional ``loss_mask [batch, response_len]`` (per-token
+        loss weights >= 0; 0/1 is a mask) is multiplied into the ``response_mask`` every loss term sees,
+        and the token counts count the tokens of non-zero weight; the forward uses the real one
+        (`hybridflow.contract.loss_response_mask`).
         ``temperature`` is the one the responses were sampled with.
         ``loss_fn`` defaults to the run's `PolicyObjective` (``ActorDerived.objective``). Each
         micro-batch's loss is normalised by the global mini-batch token and row counts, so the update
@@ -384,7 +385,8 @@ class ActorRolloutRefWorker(Worker):
         self, mini: Batch, loss_fn: ActorLoss, temperature: float, on_policy: bool, skip: bool
     ) -> dict[str, float]:
         config = self.actor_config
-        mask = loss_response_mask(mini)
+        # Tokens of non-zero loss weight, each counted once: a weight scales a token's term, not the count.
+        mask = loss_response_mask(mini).bool()
         # The full mini-batch's counts, also when rows are left out: the loss shares stay the same.
         global_tokens = global_sum(mask.sum())
         global_seqs = global_sum(len(mini))
@@ -401,7 +403,7 @@ class ActorRolloutRefWorker(Worker):
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:
                     gap.add(part["rollout_log_probs"], part["old_log_probs"], part["response_mask"])
-            # The forward ran on the real response mask; every loss term counts the loss mask's tokens.
+            # The forward ran on the real response mask; every loss term weighs its tokens by the loss mask.
             if "loss_mask" in part:
                 rest = part.select(*[column for column in part.keys() if column != "response_mask"])
                 part = rest | Batch({"response_mask": loss_response_mask(part)})

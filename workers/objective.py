@@ -61,14 +61,16 @@ class ActorLoss(Protocol):
     sends them, and refuses a batch that lacks one, naming it. ``old_log_probs`` may be absent for one
     on-policy optimizer step: the update then takes them from its own forward.
 
-    Its ``response_mask`` is the tokens the loss counts (`hybridflow.contract.loss_response_mask`): the
-    real one times the step's ``loss_mask`` when the batch has one; the forward used the real one.
+    Its ``response_mask`` is each token's loss weight (`hybridflow.contract.loss_response_mask`): the
+    real one times the step's ``loss_mask`` when the batch has one (float weights >= 0 then); the
+    forward used the real one. A loss honours the weights by multiplying each token's term by its
+    weight and counting the tokens of non-zero weight, as `PolicyObjective` does.
 
     Args:
         log_prob: ``[micro_batch, response_len]`` current log-probs (nats), with gradient.
         entropy: ``[micro_batch, response_len]`` per-token entropy (nats), or ``None``.
         micro_batch: the rows (``old_log_probs``, ``advantages``, ``response_mask``, what ``reads`` names).
-        global_tokens: counted response tokens in the whole mini-batch over all ranks.
+        global_tokens: response tokens of non-zero weight in the whole mini-batch over all ranks.
         global_seqs: rows in the whole mini-batch over all ranks.
 
     Only a `PolicyObjective` is ever called with rows left out (`skips_zero_advantage_rows`), and
@@ -95,6 +97,11 @@ class ActorLoss(Protocol):
 @dataclass(frozen=True)
 class PolicyObjective:
     """Policy loss + entropy bonus + KL-to-reference loss, each a registered function.
+
+    Each term multiplies a token's loss by the token's weight in ``response_mask`` (a step's
+    ``loss_mask``) and normalises by the counts of tokens of non-zero weight. The metrics
+    ``actor/pg_loss`` and ``actor/kl_loss`` are the weighted terms; ``actor/entropy`` and the policy
+    loss's own metrics (``actor/clip_frac``, ``actor/approx_kl``, ...) count each such token once.
 
     The names are resolved to their functions when the objective is built, and the functions travel
     with it. Build it (or the `ActorConfig` that builds it) in the controller process, where a recipe's
@@ -218,7 +225,7 @@ class PolicyObjective:
         }
         # Token-weighted so that summing over micro-batches (and ranks) gives the mini-batch mean.
         metric_tokens = global_tokens if metric_tokens is None else metric_tokens
-        share = mask.sum().item() / metric_tokens if metric_tokens else 0.0
+        share = mask.bool().sum().item() / metric_tokens if metric_tokens else 0.0
         metrics: dict[str, float] = {}
         policy_norms = norms
         if self.rollout_correction != "none":

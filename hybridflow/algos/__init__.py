@@ -3,7 +3,8 @@
 Nothing here holds state about a model or a run (except the small KL-coefficient controllers): every
 function takes tensors and masks and returns tensors (and metrics). Shapes are written
 ``[batch, response_len]``; log-probabilities are natural-log (nats) probabilities of the SAMPLED
-tokens; masks are 1 for tokens that count.
+tokens; masks are 1 for tokens that count (a loss's mask may instead hold per-token loss weights
+>= 0: see :mod:`hybridflow.algos.aggregation`).
 
 Families and their calling conventions
 --------------------------------------
@@ -81,6 +82,7 @@ from hybridflow.algos.masked import (
     masked_var,
     masked_whiten,
     top_fraction_mask,
+    weighted_sum,
 )
 from hybridflow.algos.policy_losses import (
     cispo_loss,
@@ -170,4 +172,5 @@ __all__ = [
     "token_covariance",
     "token_mean",
     "top_fraction_mask",
+    "weighted_sum",
 ]

@@ -1,7 +1,7 @@
 """Reduce a per-token loss matrix ``[batch, response_len]`` to the scalar that is back-propagated.
 
 Modes (registered in ``AGGREGATION_MODES``), with ``l_it`` the loss of token ``t`` of sequence ``i``,
-``m_it`` the mask, ``n_i = sum_t m_it`` and ``S`` the sequences with ``n_i > 0``:
+``m_it`` the mask, ``n_i = #{t: m_it != 0}`` and ``S`` the sequences with ``n_i > 0``:
 
 ========================== =====================================================================
 ``token-mean``             ``sum_i sum_t m_it l_it / N``, ``N = sum_i n_i`` (every token weighs
@@ -36,6 +36,15 @@ micro-batches of ALL ranks; gradient all-reduces that *average* over ``W`` ranks
 ``1/W`` of that sum, so multiply the loss by ``W`` (or pass ``N_total / W``) to keep the exact
 full-batch gradient.
 
+Per-token loss weights
+----------------------
+``mask`` may hold per-token loss weights ``>= 0`` instead of 0/1 (a step's ``loss_mask``,
+`hybridflow.contract.loss_response_mask`). A token's weight multiplies its loss term (the ``m_it l_it``
+above); every count (``N``, ``n_i``, ``S``) counts the tokens whose weight is non-zero, each once. So a
+0/1 weight is a mask, bit for bit, and a weight of 1 everywhere is no weight at all; a weight of 2 on a
+token counts its loss twice, and does not change the normaliser. A registered mode must follow the
+same rule for the policy, KL and entropy terms to honour the weights.
+
 When a count is ``None``, the local count of ``mask`` is used: right for a single full batch,
 wrong (a mean of means) under micro-batching. Padding rows (all-zero mask), such as those added to
 make a batch divisible by the world size, contribute nothing and are not counted.
@@ -48,7 +57,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hybridflow.algos.masked import masked_sum
+from hybridflow.algos.masked import masked_sum, weighted_sum
 from hybridflow.algos.registry import AGGREGATION_MODES, register_aggregation_mode
 
 __all__ = [
@@ -95,14 +104,15 @@ def token_mean(
     global_seq_count: Count = None,
     norm_constant: float | None = None,
 ) -> Tensor:
-    """``sum(mask * loss_mat) / N`` with ``N = global_token_count`` or, if ``None``, ``sum(mask)``.
+    """``sum(mask * loss_mat) / N`` with ``N = global_token_count`` or, if ``None``, the number of
+    tokens whose ``mask`` is non-zero.
 
     Shapes: ``loss_mat``, ``mask`` ``[batch, response_len]`` -> scalar. Used by DAPO
     (arXiv:2503.14476) so long sequences are not down-weighted.
     """
     _check(loss_mat, mask)
     count = global_token_count if global_token_count is not None else mask.bool().sum()
-    return masked_sum(loss_mat, mask) / _nonzero(count)
+    return weighted_sum(loss_mat, mask) / _nonzero(count)
 
 
 @register_aggregation_mode("seq-mean-token-mean")
@@ -121,7 +131,7 @@ def seq_mean_token_mean(
     """
     _check(loss_mat, mask)
     per_token = masked_sum(torch.ones_like(loss_mat), mask, dim=-1).clamp(min=1)
-    per_seq = masked_sum(loss_mat, mask, dim=-1) / per_token
+    per_seq = weighted_sum(loss_mat, mask, dim=-1) / per_token
     return per_seq.sum() / _seq_count(mask, global_seq_count)
 
 
@@ -139,7 +149,7 @@ def seq_mean_token_sum(
     Shapes: ``[batch, response_len]`` -> scalar.
     """
     _check(loss_mat, mask)
-    return masked_sum(loss_mat, mask, dim=-1).sum() / _seq_count(mask, global_seq_count)
+    return weighted_sum(loss_mat, mask, dim=-1).sum() / _seq_count(mask, global_seq_count)
 
 
 @register_aggregation_mode("seq-mean-token-sum-norm")
@@ -163,7 +173,7 @@ def seq_mean_token_sum_norm(
     constant = float(norm_constant) if norm_constant is not None else float(loss_mat.shape[-1])
     if constant <= 0:
         raise ValueError(f"norm_constant must be positive, got {norm_constant}")
-    return masked_sum(loss_mat, mask, dim=-1).sum() / constant / _seq_count(mask, global_seq_count)
+    return weighted_sum(loss_mat, mask, dim=-1).sum() / constant / _seq_count(mask, global_seq_count)
 
 
 def aggregate_loss(
@@ -174,7 +184,8 @@ def aggregate_loss(
     global_seq_count: Count = None,
     norm_constant: float | None = None,
 ) -> Tensor:
-    """Reduce ``loss_mat [batch, response_len]`` over valid tokens with the registered ``mode``.
+    """Reduce ``loss_mat [batch, response_len]`` over valid tokens with the registered ``mode``;
+    ``mask [batch, response_len]`` is 0/1 or per-token loss weights >= 0 (module docstring).
 
     ``mode`` is a name in ``AGGREGATION_MODES`` or an aggregation function of that calling
     convention (e.g. one resolved from a name in another process); both are called the same way.

@@ -42,7 +42,9 @@ def entropy_bonus(
     loss that is minimised.
 
     Args:
-        response_mask: ``[batch, response_len]``.
+        response_mask: ``[batch, response_len]``, 0/1 or per-token loss weights >= 0: a token's
+            weight multiplies its bonus; the counts are of the tokens with a non-zero weight
+            (:mod:`hybridflow.algos.aggregation`).
         coef: bonus coefficient (>= 0 for a bonus).
         logits: ``[batch, response_len, vocab]``; or
         entropy: per-token entropy ``[batch, response_len]`` in nats (e.g. computed by the model
@@ -52,14 +54,15 @@ def entropy_bonus(
 
     Returns:
         ``(loss_term, mean_entropy)``: the scalar to add to the loss (with gradient) and the
-        aggregated entropy in nats, detached, for logging.
+        entropy in nats, detached, for logging: the same aggregation over the tokens with a non-zero
+        weight, each counted once (unweighted), so that it stays a policy entropy whatever the weights.
     """
     if (logits is None) == (entropy is None):
         raise ValueError("entropy_bonus needs exactly one of logits= or entropy=")
     if entropy is None:
         assert logits is not None
         entropy = entropy_from_logits(logits)
-    aggregated = aggregate_loss(
-        entropy, response_mask, loss_agg_mode, global_token_count, global_seq_count, norm_constant
-    )
-    return -coef * aggregated, aggregated.detach()
+    counts = (global_token_count, global_seq_count, norm_constant)
+    weighted = aggregate_loss(entropy, response_mask, loss_agg_mode, *counts)
+    mean_entropy = aggregate_loss(entropy.detach(), response_mask != 0, loss_agg_mode, *counts)
+    return -coef * weighted, mean_entropy

@@ -1,7 +1,10 @@
-"""Statistics over the valid (mask == 1) entries of a tensor.
+"""Statistics over the valid entries of a tensor, and the weighted sum the loss aggregations use.
 
-Every function here treats ``mask`` as a 0/1 tensor broadcastable to the data; entries where it is
-0 (padding, prompt tokens, tool output in multi-turn rollouts) never affect a result.
+``mask`` is broadcastable to the data; an entry is valid where it is non-zero. The statistics
+(`masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`, ...) count every valid entry once,
+whatever its value, so a per-token loss weight never changes them; only `weighted_sum` multiplies
+by the mask's values. Entries where the mask is 0 (padding, prompt tokens, tool output in multi-turn
+rollouts) never affect a result, even when they hold inf or nan.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "top_fraction_mask",
+    "weighted_sum",
 ]
 
 # Log-ratios of two policies beyond +-20 nats (ratio ~5e8) only appear with stale or broken
@@ -27,7 +31,8 @@ LOG_RATIO_CLAMP = 20.0
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Sum of ``values * mask`` over ``dim`` (all dims when ``None``).
+    """Sum of ``values`` over ``dim`` (all dims when ``None``), over the entries where ``mask`` is
+    non-zero (the mask's values are not multiplied in: see `weighted_sum`).
 
     Uses ``torch.where`` rather than a product so that inf/nan in padded positions cannot leak.
     """
@@ -35,10 +40,23 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return valid.sum() if dim is None else valid.sum(dim)
 
 
-def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``values`` over the entries where ``mask`` is 1; 0 where there are none.
+def weighted_sum(values: Tensor, weights: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``values * weights`` over ``dim`` (all dims when ``None``), over the entries where
+    ``weights`` is non-zero.
 
-    Formula: ``sum(values * mask) / max(sum(mask), 1)``.
+    ``weights`` is broadcastable to ``values`` (a 0/1 mask, or per-token loss weights >= 0). The
+    product is taken under ``torch.where``, so inf/nan in entries of weight 0 cannot leak, into the
+    value or the gradient. With a 0/1 ``weights`` it is bit for bit `masked_sum`: ``x * 1 == x``.
+    """
+    product = values * weights.to(values.dtype)
+    kept = torch.where(weights != 0, product, torch.zeros((), dtype=values.dtype, device=values.device))
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` over the entries where ``mask`` is non-zero; 0 where there are none.
+
+    Formula: ``sum_{m != 0} values / max(#{m != 0}, 1)``.
     """
     count = masked_sum(torch.ones_like(values), mask, dim)
     return masked_sum(values, mask, dim) / count.clamp(min=1)
@@ -47,7 +65,7 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     """Variance of ``values`` over all valid entries (a scalar).
 
-    Formula: ``sum(mask * (values - mu)^2) / (n - 1)`` with ``n = sum(mask)`` when ``unbiased``
+    Formula: ``sum_{m != 0} (values - mu)^2 / (n - 1)`` with ``n = #{m != 0}`` when ``unbiased``
     (Bessel's correction, like ``torch.var``), else divided by ``n``. Returns 0 for ``n <= 1``.
     """
     mean = masked_mean(values, mask)
@@ -61,7 +79,7 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: b
     """Normalise ``values`` to zero mean and unit variance over the valid entries.
 
     Formula: ``(values - mu) / sqrt(var + eps)`` with ``mu`` and the Bessel-corrected ``var`` taken
-    over entries where ``mask == 1`` (:func:`masked_var`); with ``shift_mean=False`` the mean is
+    over entries where ``mask != 0`` (:func:`masked_var`); with ``shift_mean=False`` the mean is
     added back (scale only). Invalid entries of the result are 0.
     """
     mean = masked_mean(values, mask)

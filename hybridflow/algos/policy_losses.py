@@ -10,7 +10,11 @@ Calling convention (shared by every registered policy loss)::
   being trained (carries the gradient);
 * ``old_log_prob``: the same under the policy that generated the batch (no gradient);
 * ``advantages``: ``[batch, response_len]``;
-* ``response_mask``: ``[batch, response_len]``, 1 for tokens that enter the loss;
+* ``response_mask``: ``[batch, response_len]``, 1 for tokens that enter the loss, or per-token loss
+  weights >= 0 (a step's ``loss_mask``): the weight multiplies the token's loss term, through the
+  aggregation, and everything else a loss computes from the mask (the sequence ratios of ``gspo`` and
+  ``gmpo``, the covariance selection of ``clip_cov`` and ``kl_cov``, the metrics) is taken over the
+  tokens with a non-zero weight, each counted once, so it does not depend on the weights' values;
 * the aggregation arguments are passed to :func:`hybridflow.algos.aggregation.aggregate_loss`.
   ``loss_agg_mode`` is a registered name or the aggregation function itself: the actor's
   `PolicyObjective` passes the function it resolved on the controller, so that a mode a recipe
