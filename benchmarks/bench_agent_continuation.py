@@ -1,0 +1,147 @@
+"""Per-turn cost of continuing multi-turn episodes from their token prefixes, against re-encoding the
+whole history every turn.
+
+Each of ``--episodes`` episodes grows turn by turn as `hybridflow.agents.run_episodes` grows it: the
+engine samples up to ``--new-tokens`` ids after the episode's exact ids
+(`RolloutEngine.continue_token_lists`), then an observation of ``--observation`` ids (random, the same
+in every run) is appended. The time of each turn's engine call is recorded with the history length it
+continued. Engines, each in a process of its own:
+
+- ``vllm-cache``: vLLM with prefix caching (the default): the blocks of an episode's earlier turns are
+  served from the cache, so a turn computes its new ids (and the last, partial block) only;
+- ``vllm-nocache``: the same engine with prefix caching off: every turn re-encodes the whole history;
+- ``hf``: the HF engine, which prefills the whole prefix every call (it keeps no cache between calls).
+
+The model is the arithmetic demo's shape (Qwen2, hidden 256, 4 layers, 3.2M parameters, random
+weights), fp32. A turn's time is the median over ``--repeats`` runs of the whole episode set.
+
+Run (from the repository root):
+    python benchmarks/bench_agent_continuation.py [--episodes 8] [--turns 12] [--observation 96]
+        [--new-tokens 32] [--repeats 2] [--engines vllm-cache vllm-nocache hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hybridflow.data.char_tokenizer import build_char_tokenizer  # noqa: E402
+from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
+from hybridflow.parallel.launch import run_ranks  # noqa: E402
+from hybridflow.rollout import EngineDerived, RolloutConfig, SamplingParams, build_rollout_engine  # noqa: E402
+
+ENGINES = ("vllm-cache", "vllm-nocache", "hf")
+MAX_MODEL_LEN = 4096
+
+
+def _episode_turns(engine: Any, args: argparse.Namespace, vocab: int) -> list[dict[str, float]]:
+    """One run of the episode set: per turn, the call's seconds, mean history and mean new ids."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(4, vocab, (args.observation,), generator=generator).tolist()
+        for _ in range(args.episodes)
+    ]
+    histories = [list(p) for p in prompts]
+    previous = [len(h) for h in histories]
+    turns = []
+    for turn in range(args.turns):
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=turn)
+        began = time.perf_counter()
+        samples = engine.continue_token_lists(histories, sampling)
+        seconds = time.perf_counter() - began
+        turns.append(
+            {
+                "seconds": seconds,
+                "history": statistics.mean(len(h) for h in histories),
+                "new": statistics.mean(len(h) - p for h, p in zip(histories, previous, strict=True)),
+            }
+        )
+        previous = [len(h) for h in histories]
+        for history, sample in zip(histories, samples, strict=True):
+            history += list(sample.token_ids)
+            history += torch.randint(4, vocab, (args.observation,), generator=generator).tolist()
+    return turns
+
+
+def timed_episodes(
+    rank: int, world_size: int, model_dir: Path, engine_name: str, args: argparse.Namespace
+) -> list:
+    """In this process: build the engine ``engine_name`` names and time ``args.repeats`` runs."""
+    config = RolloutConfig(
+        engine="hf" if engine_name == "hf" else "vllm",
+        kv_cache_bytes=1 << 30,
+        max_num_seqs=64,
+        max_num_batched_tokens=args.episodes * MAX_MODEL_LEN,
+        enforce_eager=True,
+        cache_dir=str(REPO / ".cache" / "compile"),
+        enable_prefix_caching=engine_name == "vllm-cache",
+    )
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=MAX_MODEL_LEN))
+    vocab = len(build_char_tokenizer())
+    _episode_turns(engine, argparse.Namespace(**{**vars(args), "turns": 1}), vocab)  # warm-up
+    return [_episode_turns(engine, args, vocab) for _ in range(args.repeats)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument(
+        "--observation", type=int, default=96, help="ids inserted after every turn (and the prompt's)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=32, help="most ids sampled per turn")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    args = parser.parse_args()
+    needed = (args.turns + 1) * (args.observation + args.new_tokens)
+    if needed > MAX_MODEL_LEN:
+        parser.error(
+            f"--turns x (--observation + --new-tokens) reaches {needed} ids, more than {MAX_MODEL_LEN}"
+        )
+    with tempfile.TemporaryDirectory(prefix="bench-agent-continuation-") as scratch:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_causal_lm(
+            len(tokenizer),
+            hidden_size=256,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=768,
+            max_position_embeddings=MAX_MODEL_LEN,
+        )
+        model_dir = save_model_dir(model, tokenizer, Path(scratch) / "model")
+        runs = {
+            name: run_ranks(timed_episodes, 1, model_dir, name, args, timeout_s=1800)[0]
+            for name in args.engines
+        }
+    header = f"{'turn':>4} {'history':>8} {'new ids':>8}" + "".join(
+        f" {name + ' ms':>16}" for name in args.engines
+    )
+    print(header)
+    for turn in range(args.turns):
+        first = runs[args.engines[0]][0][turn]
+        cells = "".join(
+            f" {1000 * statistics.median(run[turn]['seconds'] for run in runs[name]):>16.1f}"
+            for name in args.engines
+        )
+        print(f"{turn:>4} {first['history']:>8.0f} {first['new']:>8.0f}{cells}")
+    half = args.turns // 2
+    print("\nmean ms per turn, first half -> second half of the turns (growth):")
+    for name in args.engines:
+        per_turn = [statistics.median(run[t]["seconds"] for run in runs[name]) for t in range(args.turns)]
+        early, late = statistics.mean(per_turn[: max(1, half)]), statistics.mean(per_turn[half:])
+        print(f"  {name:>13}: {1000 * early:8.1f} -> {1000 * late:8.1f}  ({late / early:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
