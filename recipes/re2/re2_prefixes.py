@@ -134,7 +134,10 @@ def cut_after_redo(
 ) -> Batch:
     """Cut every response whose full text (its prefix, then the response) contains ``phrase`` right after
     the phrase, and append ``eos_token_id`` there when the row has room (a sampled one right after the
-    phrase is kept as it is).
+    phrase is kept as it is). A row's room is the response width less its prefix: a whole sample
+    (prefix, then response) never holds more tokens than a first-stage sample may, so a continuation
+    whose phrase ends on its last allowed token gets no EOS, as a first-stage sample that fills its
+    width does not.
 
     Reads ``responses``, ``response_lengths``, ``rollout_log_probs``, ``finish_reason`` and, for
     continuations, ``prefix_tokens`` and ``prefix_lengths`` (absent: empty prefixes). Returns the
@@ -160,13 +163,14 @@ def cut_after_redo(
         if end is None:
             continue
         keep = max(end - len(prefix), 0)
+        room = width - len(prefix)
         sampled_eos = keep < len(response) and response[keep] == eos_token_id
         responses[row, keep + sampled_eos :] = pad_token_id
         log_probs[row, keep + sampled_eos :] = 0.0
-        if keep < width and not sampled_eos:
+        if keep < room and not sampled_eos:
             responses[row, keep] = eos_token_id
             appended[row, keep] = True
-        lengths[row] = min(keep + 1, width)
+        lengths[row] = min(keep + 1, room)
         finish[row] = "stop"
     mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
     return Batch(

@@ -29,12 +29,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from hybridflow.data import read_rows
 from hybridflow.data.files import write_rows
 from hybridflow.data.synthetic import ensure_arithmetic_splits
 from hybridflow.models import load_causal_lm, load_tokenizer_dir, save_model_dir
 from recipes.re2.re2_redo import REDO_PHRASE
-from trainer.warm_start import WarmStartConfig, warm_start
+from trainer.warm_start import WarmStartConfig, file_digest, warm_start, warm_start_folder
 
 __all__ = [
     "REDO_INSTRUCTION",
@@ -42,7 +44,9 @@ __all__ = [
     "ensure_instructed_task",
     "ensure_task",
     "redo_rows",
+    "redo_warm_start_key",
     "redo_warm_started_model",
+    "tokenizer_digest",
     "with_redo_instruction",
 ]
 
@@ -108,23 +112,36 @@ def redo_rows(rows: Sequence[dict], share: float, seed: int, phrase: str = REDO_
     return out
 
 
+def tokenizer_digest(tokenizer: PreTrainedTokenizerBase) -> str:
+    """SHA-256 (hex) of what decides how ``tokenizer`` writes a text: its vocabulary, its special tokens
+    and its chat template."""
+    described = {
+        "vocab": tokenizer.get_vocab(),
+        "special": {name: str(value) for name, value in tokenizer.special_tokens_map.items()},
+        "chat_template": tokenizer.chat_template,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def redo_warm_start_key(base_dir: Path, data_dir: Path, config: RedoWarmStart) -> dict[str, object]:
+    """What decides `redo_warm_started_model`'s checkpoint, by part: ``base`` (the base's weights file),
+    ``tokenizer`` (`tokenizer_digest` of the base's tokenizer: another tokenizer writes the redo phrase
+    in other tokens, or not at all), ``train`` (the training split's bytes) and ``config``."""
+    return {
+        "base": file_digest([str(base_dir / "model.safetensors")]),
+        "tokenizer": tokenizer_digest(load_tokenizer_dir(base_dir)),
+        "train": file_digest([str(data_dir / "train.parquet")]),
+        "config": asdict(config),
+    }
+
+
 def redo_warm_started_model(
     base_dir: Path, data_dir: Path, cache_dir: Path, config: RedoWarmStart
 ) -> tuple[Path, float]:
     """``base_dir`` (a warm-started model) after the redo phase on ``data_dir``'s training split, and its
-    held-out greedy exact-match accuracy; cached in ``cache_dir`` under a key of the base's weights file,
-    the data and ``config``."""
-    key = hashlib.sha256(
-        json.dumps(
-            {
-                "base": hashlib.sha256((base_dir / "model.safetensors").read_bytes()).hexdigest(),
-                "train": hashlib.sha256((data_dir / "train.parquet").read_bytes()).hexdigest(),
-                "config": asdict(config),
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:12]
-    target = cache_dir / f"redo_warm_start-{key}"
+    held-out greedy exact-match accuracy; cached in ``cache_dir/redo`` under `redo_warm_start_key`, in
+    the folder `trainer.warm_start.warm_start_folder` names."""
+    target = warm_start_folder(cache_dir / "redo", redo_warm_start_key(base_dir, data_dir, config))
     if (target / RECORD_FILE).exists():
         return target, json.loads((target / RECORD_FILE).read_text())["accuracy"]
     tokenizer = load_tokenizer_dir(base_dir)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridflow.data.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from hybridflow.models import build_tiny_causal_lm
+from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.rollout import SamplingParams, response_log_probs
 from recipes.re2 import main as re2
@@ -21,6 +21,7 @@ from recipes.re2 import re2_redo as redo
 from recipes.re2 import re2_task as task
 from trainer.config import derive_sizes, derive_values, load_config
 from trainer.steps import compute_advantages
+from trainer.warm_start import warm_start_folder
 
 PHRASE = redo.REDO_PHRASE
 TOKENIZER = build_char_tokenizer()
@@ -141,6 +142,23 @@ def test_cut_after_redo_reads_the_phrase_across_the_prefix():
     kept = len(ids(" to redo the question."))
     assert out["response_lengths"].tolist() == [kept + 1, 2]
     assert out["responses"][0, : kept + 1].tolist() == [*ids(" to redo the question."), EOS]
+
+
+def test_a_continuation_ending_the_phrase_on_its_last_allowed_token_gets_no_eos():
+    width = 40
+    # A 7-token prefix leaves 33 tokens of the 40 to the continuation, exactly the phrase: the whole
+    # sample is then 40 tokens, the first stage's limit, and an appended EOS would make it 41.
+    prefix = ids("1234567")
+    rows = response_rows([ids(PHRASE), ids(PHRASE[:-1])], width, prefix_rows=[prefix, prefix[:-1]])
+    out = prefixes.cut_after_redo(rows, decode, EOS, PAD)
+    room = width - len(prefix)
+    assert len(ids(PHRASE)) == room
+    # Row 0: cut at its room, no EOS; row 1 (phrase unfinished) is left as it was.
+    assert out["response_lengths"].tolist() == [room, room - 1]
+    assert (rows["prefix_lengths"] + out["response_lengths"]).max() <= width
+    assert not out["appended_eos"].any()
+    assert out["responses"][0, :room].tolist() == ids(PHRASE) and out["responses"][0, room:].eq(PAD).all()
+    assert out["finish_reason"].tolist() == ["stop", "stop"]
 
 
 # ---------------------------------------------------------------------------- the redo reward
@@ -400,3 +418,20 @@ def test_the_phrase_is_matched_as_the_policys_tokenizer_writes_it():
     assert redo.phrase_end_token(sample, decode, written) == 1 + len(PHRASE)  # the <unk>s count as tokens
     # A tokenizer that keeps every character writes the phrase as it is.
     assert re2.as_written(TOKENIZER, re2.Re2Settings()).redo_phrase == PHRASE
+
+
+def test_the_redo_warm_start_key_changes_with_the_tokenizer(tmp_path):
+    data = task.ensure_task(tmp_path / "data")
+    model = build_tiny_causal_lm(len(TOKENIZER), seed=0)
+    no_space = build_char_tokenizer(DEFAULT_ALPHABET.replace(" ", ""))
+    # The same weights file under two tokenizers (the second writes the phrase without its spaces).
+    first = save_model_dir(model, TOKENIZER, tmp_path / "first")
+    second = save_model_dir(model, no_space, tmp_path / "second")
+    again = save_model_dir(model, build_char_tokenizer(), tmp_path / "again")
+    config = task.RedoWarmStart()
+    keys = [task.redo_warm_start_key(folder, data, config) for folder in (first, second, again)]
+    assert keys[0]["base"] == keys[1]["base"] == keys[2]["base"]
+    assert keys[0]["tokenizer"] != keys[1]["tokenizer"]
+    assert warm_start_folder(tmp_path, keys[0]) != warm_start_folder(tmp_path, keys[1])
+    # An equal tokenizer, saved afresh, gives the equal key: the cache is found again.
+    assert keys[0] == keys[2]
