@@ -235,8 +235,7 @@ def _clear_for_fresh_start(config: RunConfig, store: CheckpointStore) -> None:
         )
     folders = [store.path_of(step) for step in held.checkpoint_steps]
     if config.trainer.existing_output == "archive":
-        target = output_dir / ARCHIVE_DIR / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        target.mkdir(parents=True, exist_ok=False)
+        target = _new_folder(output_dir / ARCHIVE_DIR, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
         for path in held.outputs:
             shutil.move(path, target / path.name)
         if folders:
@@ -256,6 +255,20 @@ def _clear_for_fresh_start(config: RunConfig, store: CheckpointStore) -> None:
         output_dir,
         ", ".join(str(path) for path in [*held.outputs, *folders]),
     )
+
+
+def _new_folder(parent: Path, name: str) -> Path:
+    """Create and return ``parent/name``, or ``parent/name-2``, ``-3``... when it exists (two archives
+    in one second)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        folder = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise FileExistsError(f"{parent}: no free name for an archive folder {name}")
 
 
 # ---------------------------------------------------------------------- resuming

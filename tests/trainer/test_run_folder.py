@@ -21,7 +21,7 @@ from hybridflow.checkpoint import MARKER_FILE, CheckpointStore, RunIdentity, fla
 from hybridflow.data import write_rows
 from tests.trainer.test_early_errors import REWARD_FILE, ROW, overrides, run_cli
 from trainer.config import config_to_dict, load_config
-from trainer.run_folder import FREE_KEYS, RunFolderError, open_run
+from trainer.run_folder import FREE_KEYS, RunFolderError, _new_folder, open_run
 
 
 @pytest.fixture
@@ -118,6 +118,14 @@ def test_archive_moves_the_old_run_into_a_dated_subfolder_and_says_where(setup, 
     assert (
         start.checkpoint is None and read_run_file(setup["out"]).run_id == start.identity.run_id != "old-run"
     )
+
+
+def test_two_archives_in_one_second_get_folders_of_their_own(tmp_path):
+    assert [_new_folder(tmp_path / "archive", "20261202-010000").name for _ in range(3)] == [
+        "20261202-010000",
+        "20261202-010000-2",
+        "20261202-010000-3",
+    ]
 
 
 def test_delete_removes_the_old_run_and_says_what_it_deleted(setup, caplog):
