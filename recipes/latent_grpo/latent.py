@@ -1,7 +1,8 @@
 """Latent-GRPO's tensor functions (Deng et al., "Latent-GRPO: Group Relative Policy Optimization for Latent
 Reasoning", arXiv 2604.27998): the one-sided Gumbel exploration of a latent step, the soft input embedding
 it feeds back, the Gumbel log-density that stands for a latent step's log-prob in training, with its
-straight-through sign flip, and the advantage with invalid-sample masking and first-position selection.
+straight-through flip (sign kept, magnitude bounded), the advantage with invalid-sample masking and
+first-position selection, and group filtering.
 
 A latent step is a point in the span of the token embeddings. At a latent position the model's next-token
 log-probs ``logp`` (temperature 1) are perturbed, ``g = logp + s * (clamp(G, -1.5, 3) + 1.5)`` with ``G``
@@ -19,6 +20,7 @@ __all__ = [
     "GUMBEL_CLAMP",
     "LatentSampling",
     "first_position_selection",
+    "informative_groups",
     "latent_candidates",
     "latent_grpo_advantages",
     "latent_log_density",
@@ -101,6 +103,11 @@ def soft_embeddings(ids: torch.Tensor, g: torch.Tensor, tau: float, embedding: t
     return (weights.unsqueeze(-1) * embedding[ids]).sum(dim=-2)
 
 
+def _gumbel_term(gap: torch.Tensor) -> torch.Tensor:
+    """``-d - exp(-d)``: the standard Gumbel log-density at ``d = g - logp`` (nats)."""
+    return -gap - torch.exp(-gap)
+
+
 def latent_log_density(
     candidate_log_probs: torch.Tensor, g: torch.Tensor, flip: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -111,20 +118,25 @@ def latent_log_density(
         candidate_log_probs: ``[..., K]`` the policy's log-probs ``logp_k`` of the stored ids (with
             gradient in training).
         g: ``[..., K]`` the stored perturbed values.
-        flip: ``[...]`` bool, where the straight-through sign flip applies (advantage <= 0): there, for
-            each candidate with ``g_k - logp_k < 0``, the gradient through ``g_k - logp_k`` is negated
-            while the value stays the same, so a sample with a non-positive advantage never pushes
-            up the log-prob of a candidate that its noise pushed down.
+        flip: ``[...]`` bool, where the straight-through flip applies (advantage <= 0). There, for each
+            candidate with ``d_k = g_k - logp_k < 0``, the value stays the density term at ``d_k`` and
+            the gradient is that of the term at ``-d_k``: ``d/dlogp_k`` is ``exp(d_k) - 1`` in place of
+            ``1 - exp(-d_k)``, the same sign (negative) and a magnitude below 1 in place of one that
+            grows as ``exp(-d_k)`` (the official Latent-GRPO code's rule). ``d_k < 0`` happens only
+            once the policy has moved past the stored noise (a later optimizer step on the same batch):
+            the sampled noise is one-sided, so ``d_k >= 0`` under the sampling policy.
 
     Returns:
         ``[...]`` log-densities.
     """
     gap = g.float() - candidate_log_probs.float()
-    if flip is not None:
-        flipped = flip.unsqueeze(-1) & (gap.detach() < 0)
-        # 2 * gap.detach() - gap equals gap exactly (an exact doubling, then an exact subtraction).
-        gap = torch.where(flipped, 2 * gap.detach() - gap, gap)
-    return (-gap - torch.exp(-gap)).mean(dim=-1)
+    value = _gumbel_term(gap)
+    if flip is None:
+        return value.mean(dim=-1)
+    flipped = flip.unsqueeze(-1) & (gap.detach() < 0)
+    proxy = torch.where(flipped, _gumbel_term(-gap), value)
+    # proxy - proxy.detach() is exactly 0: the value is the term at d, the gradient the proxy's.
+    return (value.detach() + (proxy - proxy.detach())).mean(dim=-1)
 
 
 def first_position_selection(
@@ -162,6 +174,7 @@ def latent_grpo_advantages(
     group_ids: torch.Tensor,
     truncated: torch.Tensor,
     old_log_probs: torch.Tensor,
+    select_first: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """Latent-GRPO's advantage ``[batch, response_len]``.
@@ -170,8 +183,9 @@ def latent_grpo_advantages(
        std taken over the group's rows that are not ``truncated [batch]`` (bool); a group with fewer than
        two such rows uses mean 0 and std 1.
     2. Invalid-sample masking: truncated rows get advantage 0 everywhere.
-    3. The row advantage is spread over its valid response tokens (``response_mask``), and
-       `first_position_selection` keeps one positive row's advantage at the first position per group.
+    3. The row advantage is spread over its valid response tokens (``response_mask``), and, with
+       ``select_first``, `first_position_selection` keeps one positive row's advantage at the first
+       position per group.
     """
     valid = ~truncated.bool()
     advantage = torch.zeros_like(scores, dtype=torch.float32)
@@ -182,4 +196,16 @@ def latent_grpo_advantages(
         advantage[members] = (scores[members].float() - mean) / (std + eps)
     advantage = torch.where(valid, advantage, 0.0)
     per_token = advantage.unsqueeze(-1) * response_mask.float()
+    if not select_first:
+        return per_token
     return first_position_selection(per_token, response_mask, group_ids, old_log_probs)
+
+
+def informative_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Group filtering: ``[batch]`` bool, True on the rows of groups whose ``scores [batch]`` are not all
+    equal (a group of equal scores has advantage 0 on every row and teaches nothing)."""
+    keep = torch.zeros(len(scores), dtype=torch.bool)
+    for group in group_ids.unique():
+        members = group_ids == group
+        keep[members] = bool(scores[members].max() > scores[members].min())
+    return keep

@@ -4,15 +4,19 @@ rollout against the training-layout forward (single process, the HF engine on a 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from hybridflow.algos import compute_policy_loss
+from hybridflow.data.synthetic import arithmetic_rows, write_splits
 from hybridflow.rollout import HFRolloutEngine, SamplingParams
 from recipes.latent_grpo.forward import latent_sequence_log_probs, sequence_embeddings
 from recipes.latent_grpo.latent import (
     LatentSampling,
     first_position_selection,
+    informative_groups,
     latent_grpo_advantages,
     latent_log_density,
     one_sided_gumbel,
@@ -20,6 +24,9 @@ from recipes.latent_grpo.latent import (
 )
 from recipes.latent_grpo.rollout import LatentRolloutRecord, latent_rollout
 from tests.rollout import _tiny
+from trainer.config import load_config
+
+RECIPE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "latent_grpo" / "config.yaml"
 
 
 def test_latent_log_density_matches_the_formula_by_hand():
@@ -30,8 +37,10 @@ def test_latent_log_density_matches_the_formula_by_hand():
     assert latent_log_density(log_probs, g).item() == pytest.approx(sum(terms) / 3, abs=1e-6)
 
 
-def test_straight_through_flip_changes_the_gradient_and_not_the_value():
-    g = torch.tensor([[0.0, -1.5, 1.0], [0.0, -1.5, 1.0]])
+def test_straight_through_flip_keeps_the_sign_and_bounds_the_gradient():
+    # A policy that has moved past its stored noise: d = g - logp = 0.5, -0.5, -3.0 (two candidates
+    # below g, which the one-sided noise never gives under the sampling policy).
+    g = torch.tensor([[0.0, -1.5, -5.0], [0.0, -1.5, -5.0]])
     plain = torch.tensor([[-0.5, -1.0, -2.0]] * 2, requires_grad=True)
     flipped = torch.tensor([[-0.5, -1.0, -2.0]] * 2, requires_grad=True)
     # Row 0 has a positive advantage (no flip), row 1 a non-positive one.
@@ -41,14 +50,61 @@ def test_straight_through_flip_changes_the_gradient_and_not_the_value():
     assert torch.equal(value_plain, value_flipped)
     value_plain.sum().backward()
     value_flipped.sum().backward()
-    # d/dlogp_k of the mean term: (1 - exp(-d_k)) / 3, with d = 0.5, -0.5, 3.0.
-    expected = torch.tensor([1 - math.exp(-0.5), 1 - math.exp(0.5), 1 - math.exp(-3.0)]) / 3
+    # d/dlogp_k of the mean term: (1 - exp(-d_k)) / 3.
+    d = [0.5, -0.5, -3.0]
+    expected = torch.tensor([1 - math.exp(-x) for x in d]) / 3
     torch.testing.assert_close(plain.grad, torch.stack([expected, expected]))
-    # Only the candidate with d < 0 in the flipped row changes sign.
-    flipped_row = expected.clone()
-    flipped_row[1] = -flipped_row[1]
+    # Flipped, a candidate with d < 0 takes the term at -d: d/dlogp = (exp(d) - 1) / 3.
+    flipped_row = torch.tensor([1 - math.exp(-0.5), math.exp(-0.5) - 1, math.exp(-3.0) - 1]) / 3
     torch.testing.assert_close(flipped.grad, torch.stack([expected, flipped_row]))
-    assert flipped.grad[1, 1] > 0 > plain.grad[1, 1]
+    # The sign is kept (negative: a non-positive advantage still lowers the candidate's log-prob) ...
+    assert (flipped.grad[1, 1:] < 0).all() and (plain.grad[1, 1:] < 0).all()
+    # ... and the size bounded by 1/K, where the plain gradient at d = -3 is (e^3 - 1) / 3 = 6.36.
+    assert flipped.grad[1, 1:].abs().max() < 1 / 3 < plain.grad[1, 2].abs()
+    assert flipped.grad[1, 2].item() == pytest.approx((math.exp(-3.0) - 1) / 3)
+    # The flip that negated the gradient instead, (2 d.detach() - d), would give +(exp(-d) - 1) / 3 here.
+    negated = -expected[1]
+    assert negated > 0 and not torch.isclose(flipped.grad[1, 1], negated)
+
+
+def test_dual_clip_of_the_recipe_config_bounds_a_negative_advantage_token(tmp_path):
+    write_splits(arithmetic_rows(16, 4, digits=2, style="bare", seed=0), tmp_path, ("parquet",))
+    config = load_config(
+        RECIPE_CONFIG,
+        [f"data.train_files=[{tmp_path / 'train.parquet'}]", f"data.val_files=[{tmp_path / 'test.parquet'}]"],
+    )
+    params = config.actor.policy_loss_params()
+    assert params["dual_clip_c"] == 3.0
+    # One token each, token-mean: A = -1 with ratio e^2 = 7.39 (PPO's term 7.39, the dual clip's 3);
+    # A = -1 with ratio 2 (PPO's term 2 < 3: kept); A = +2 with ratio e^2 (clipped at 1.2: -2.4).
+    log_prob = torch.tensor([[2.0], [math.log(2.0)], [2.0]])
+    advantages = torch.tensor([[-1.0], [-1.0], [2.0]])
+    loss, metrics = compute_policy_loss(
+        config.actor.policy_loss, log_prob, torch.zeros(3, 1), advantages, torch.ones(3, 1), **params
+    )
+    assert loss.item() == pytest.approx((3.0 + 2.0 - 2.4) / 3, abs=1e-6)
+    assert metrics["dual_clip_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_group_filtering_keeps_only_groups_whose_rewards_differ():
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5])
+    group_ids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    # Group 0 all right, group 2 all wrong, group 3 all equal (partial credit): dropped; group 1 kept.
+    assert informative_groups(scores, group_ids).tolist() == [False] * 3 + [True] * 3 + [False] * 6
+
+
+def test_without_first_position_selection_every_row_keeps_its_first_advantage():
+    scores = torch.tensor([1.0, 1.0, 0.0])
+    mask = torch.ones(3, 2, dtype=torch.long)
+    group_ids = torch.zeros(3, dtype=torch.long)
+    old_log_probs = torch.tensor([[-1.0, -1.0], [-0.5, -0.5], [0.0, 0.0]])
+    truncated = torch.zeros(3, dtype=torch.bool)
+    a = (1 - 2 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    plain = latent_grpo_advantages(scores, mask, group_ids, truncated, old_log_probs, select_first=False)
+    torch.testing.assert_close(plain, torch.tensor([[a, a], [a, a], [-2 * a, -2 * a]]))
+    # With it, only row 1 (the higher mean old log-prob of the two positive rows) keeps its first one.
+    selected = latent_grpo_advantages(scores, mask, group_ids, truncated, old_log_probs)
+    torch.testing.assert_close(selected, torch.tensor([[0.0, a], [a, a], [0.0, -2 * a]]))
 
 
 def test_truncated_samples_get_zero_advantage_and_stay_out_of_the_statistics():
