@@ -56,6 +56,7 @@ def run_layout(name: str, overrides: list[str], model_dir: Path, data_dir: Path,
             "trainer.loggers=[jsonl]",
             f"trainer.output_dir={output}",
             "trainer.resume=disable",
+            "trainer.existing_output=delete",
         ],
         model_dir,
     )

@@ -185,11 +185,15 @@ class _Held:
 
 
 def _held(output_dir: Path, store: CheckpointStore) -> _Held:
-    outputs = [output_dir / name for name in _RUN_OUTPUTS if (output_dir / name).exists()]
+    # Only what a run writes counts: files with content, folders with files (anything else of the same
+    # name is left for the logger that opens it to report).
+    outputs = [
+        path
+        for path in (output_dir / name for name in _RUN_OUTPUTS)
+        if (path.is_file() and path.stat().st_size > 0) or (path.is_dir() and any(path.iterdir()))
+    ]
     metrics = output_dir / METRICS_FILE
-    logged = _logged_steps(metrics) if metrics.is_file() else []
-    if metrics in outputs and metrics.stat().st_size == 0:
-        outputs.remove(metrics)
+    logged = _logged_steps(metrics) if metrics in outputs else []
     # A run.json alone is a run that stopped before its first step: nothing of it to keep.
     if [path.name for path in outputs] == [RUN_FILE]:
         outputs = []
