@@ -10,14 +10,17 @@ continued. Engines, each in a process of its own:
 - ``vllm-cache``: vLLM with prefix caching (the default): the blocks of an episode's earlier turns are
   served from the cache, so a turn computes its new ids (and the last, partial block) only;
 - ``vllm-nocache``: the same engine with prefix caching off: every turn re-encodes the whole history;
-- ``hf``: the HF engine, which prefills the whole prefix every call (it keeps no cache between calls).
+- ``hf-kept``: the HF engine keeping each sample's KV cache between calls (its default): a turn
+  prefills the ids added since the episode's last turn;
+- ``hf-whole``: the HF engine with ``kept_cache_bytes=0``: every turn prefills the whole history.
 
 The model is the arithmetic demo's shape (Qwen2, hidden 256, 4 layers, 3.2M parameters, random
-weights), fp32. A turn's time is the median over ``--repeats`` runs of the whole episode set.
+weights), fp32. A turn's time is the median over ``--repeats`` runs of the whole episode set, after a
+warm-up run of two turns.
 
 Run (from the repository root):
     python benchmarks/bench_agent_continuation.py [--episodes 8] [--turns 12] [--observation 96]
-        [--new-tokens 32] [--repeats 2] [--engines vllm-cache vllm-nocache hf]
+        [--new-tokens 32] [--repeats 2] [--engines vllm-cache vllm-nocache hf-kept hf-whole]
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
 from hybridflow.parallel.launch import run_ranks  # noqa: E402
 from hybridflow.rollout import EngineDerived, RolloutConfig, SamplingParams, build_rollout_engine  # noqa: E402
 
-ENGINES = ("vllm-cache", "vllm-nocache", "hf")
+ENGINES = ("vllm-cache", "vllm-nocache", "hf-kept", "hf-whole")
 MAX_MODEL_LEN = 4096
 
 
-def _episode_turns(engine: Any, args: argparse.Namespace, vocab: int) -> list[dict[str, float]]:
-    """One run of the episode set: per turn, the call's seconds, mean history and mean new ids."""
-    generator = torch.Generator().manual_seed(0)
+def _episode_turns(engine: Any, args: argparse.Namespace, vocab: int, seed: int) -> list[dict[str, float]]:
+    """One run of the episode set: per turn, the call's seconds, mean history and mean new ids.
+
+    Each run draws its own prompts and observations (``seed``), so no run finds another's ids cached.
+    """
+    generator = torch.Generator().manual_seed(seed)
     prompts = [
         torch.randint(4, vocab, (args.observation,), generator=generator).tolist()
         for _ in range(args.episodes)
@@ -55,7 +61,7 @@ def _episode_turns(engine: Any, args: argparse.Namespace, vocab: int) -> list[di
     previous = [len(h) for h in histories]
     turns = []
     for turn in range(args.turns):
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=turn)
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=seed * 1000 + turn)
         began = time.perf_counter()
         samples = engine.continue_token_lists(histories, sampling)
         seconds = time.perf_counter() - began
@@ -78,7 +84,7 @@ def timed_episodes(
 ) -> list:
     """In this process: build the engine ``engine_name`` names and time ``args.repeats`` runs."""
     config = RolloutConfig(
-        engine="hf" if engine_name == "hf" else "vllm",
+        engine="hf" if engine_name.startswith("hf") else "vllm",
         kv_cache_bytes=1 << 30,
         max_num_seqs=64,
         max_num_batched_tokens=args.episodes * MAX_MODEL_LEN,
@@ -87,9 +93,13 @@ def timed_episodes(
         enable_prefix_caching=engine_name == "vllm-cache",
     )
     engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=MAX_MODEL_LEN))
+    if engine_name == "hf-whole":
+        engine.kept_cache_bytes = 0
     vocab = len(build_char_tokenizer())
-    _episode_turns(engine, argparse.Namespace(**{**vars(args), "turns": 1}), vocab)  # warm-up
-    return [_episode_turns(engine, args, vocab) for _ in range(args.repeats)]
+    _episode_turns(
+        engine, argparse.Namespace(**{**vars(args), "turns": 2}), vocab, seed=args.repeats
+    )  # warm-up
+    return [_episode_turns(engine, args, vocab, seed=repeat) for repeat in range(args.repeats)]
 
 
 def main() -> None:

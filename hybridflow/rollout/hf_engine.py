@@ -3,17 +3,22 @@
 Besides token prompts, the engine decodes from input embeddings one position at a time
 (`HFRolloutEngine.embedding_session`): the caller chooses each next input vector itself (a soft mixture
 of token embeddings, say), and the session keeps the KV cache between positions.
+
+Multi-turn episodes continue through `HFRolloutEngine.continue_token_lists`, which keeps each sample's
+KV cache after the call (up to ``kept_cache_bytes``) and, when a later prefix extends a kept sequence,
+prefills only the new ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from hybridflow.protocol import Batch
-from hybridflow.rollout.base import RolloutEngine
+from hybridflow.rollout.base import RolloutEngine, SampledTokens
 from hybridflow.rollout.logprobs import filter_logits
 from hybridflow.rollout.packing import FINISH_LENGTH, FINISH_STOP, pack_rollouts, prompt_token_lists
 from hybridflow.rollout.sampling import SamplingParams
@@ -88,8 +93,9 @@ class HFRolloutEngine(RolloutEngine):
     ``generate`` would prefill every sample's copy of the prompt), and a sample that has stopped leaves
     the decoding batch. The loop samples from `filter_logits` (temperature, then top-k, then top-p),
     and reports the log-prob of each sampled token under that distribution: the quantity vLLM reports
-    with ``logprobs_mode="processed_logprobs"`` (`hybridflow.rollout.logprobs`). The KV cache lives
-    only inside a ``generate`` call, so ``release``/``resume`` have nothing to free.
+    with ``logprobs_mode="processed_logprobs"`` (`hybridflow.rollout.logprobs`). The KV cache of a
+    ``generate`` call lives only inside it; what ``release`` frees is the per-sample caches that
+    `continue_token_lists` keeps for multi-turn episodes (none unless it is called).
 
     Args:
         model: an HF causal LM; the engine uses it in place (``update_weights`` writes into it).
@@ -98,6 +104,8 @@ class HFRolloutEngine(RolloutEngine):
         seed: base of the per-call seed stream (see ``SeedStream``).
         max_batch_rows: most sample rows decoded at once (at least one prompt's ``n``); bounds the KV
             cache and the ``[rows, vocab]`` logits held at once.
+        kept_cache_bytes: most bytes of per-sample KV caches that `continue_token_lists` keeps between
+            calls (oldest dropped first; 0 keeps none, so every continuation prefills its whole prefix).
     """
 
     # Weights are copied in place and decoding allocates from the heap the update freed. Trimming it
@@ -112,6 +120,7 @@ class HFRolloutEngine(RolloutEngine):
         pad_token_id: int,
         seed: int = 0,
         max_batch_rows: int = 256,
+        kept_cache_bytes: int = 1 << 30,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token")
@@ -119,7 +128,11 @@ class HFRolloutEngine(RolloutEngine):
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.max_batch_rows = max_batch_rows
+        self.kept_cache_bytes = kept_cache_bytes
         self._seeds = SeedStream(seed)
+        # ids fed -> per layer (keys, values) [kv_heads, len(ids), head_dim]; see continue_token_lists.
+        self._kept: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._kept_bytes = 0
 
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -172,7 +185,7 @@ class HFRolloutEngine(RolloutEngine):
         (bool: ended on a stop token), ``rows = prompts * n`` in the interleaved order; entries past a
         row's length are unspecified.
         """
-        n, max_new = sampling.n, sampling.max_new_tokens
+        n = sampling.n
         positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=input_ids,
@@ -186,7 +199,26 @@ class HFRolloutEngine(RolloutEngine):
         logits = out.logits[:, -1].repeat_interleave(n, dim=0)
         mask = attention_mask.repeat_interleave(n, dim=0)
         next_position = positions[:, -1:].repeat_interleave(n, dim=0) + 1
+        return self._sample(logits, cache, mask, next_position, sampling, stop_ids, generator)
 
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        next_position: torch.Tensor,
+        sampling: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator,
+        on_finish: Callable[[torch.Tensor, torch.Tensor, DynamicCache, torch.Tensor], None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoding loop after the prefill: ``logits [rows, vocab]`` of each row's next token, the
+        ``cache`` and ``mask [rows, len]`` of the ids fed so far, ``next_position [rows, 1]``.
+
+        ``on_finish(output_rows, batch_rows, cache, mask)`` is called for the rows that end at a step,
+        before they leave the batch, while ``cache`` holds every id they were fed. Returns as `_decode`.
+        """
+        max_new = sampling.max_new_tokens
         rows = len(mask)
         tokens = torch.full((rows, max_new), self.pad_token_id, dtype=torch.long, device=mask.device)
         log_probs = torch.zeros(rows, max_new, device=mask.device)
@@ -204,6 +236,10 @@ class HFRolloutEngine(RolloutEngine):
             ends = torch.isin(token, stop_ids)
             stopped[live[ends]] = True
             lengths[live[ends]] = step + 1
+            if on_finish is not None:
+                finishing = ends if step < max_new - 1 else torch.ones_like(ends)
+                if bool(finishing.any()):
+                    on_finish(live[finishing], finishing.nonzero().squeeze(-1), cache, mask)
             if step == max_new - 1 or bool(ends.all()):
                 break
             if bool(ends.any()):
@@ -230,7 +266,140 @@ class HFRolloutEngine(RolloutEngine):
         return HFEmbeddingSession(self.model, prompt_embeds)
 
     @torch.no_grad()
+    def continue_token_lists(
+        self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[SampledTokens]:
+        """`RolloutEngine.continue_token_lists`, prefilling only what the kept caches do not cover.
+
+        After a call every sample's KV cache (its prefix and all its sampled ids but the last, which
+        was never fed) is kept, keyed by those ids. A later prefix that starts with a kept sequence (an
+        episode's next turn: the same ids plus the last sampled id and an observation) reuses it, and
+        only its remaining ids are prefilled, so a turn's prefill grows with the new ids, not with the
+        history. A reused entry is dropped (the new samples are kept instead); `update_weights` and
+        `release` drop all (they hold keys and values of old weights). The samples are those of
+        `generate` on the same prefixes up to floating-point rounding (the cached keys and values were
+        computed in another batch); their log-probs are those of the distribution sampled from.
+        """
+        if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
+            raise ValueError("continue_token_lists needs at least one prefix and no empty prefix")
+        device = self.model.device
+        stop_ids = torch.tensor(
+            list(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids)), device=device
+        )
+        generator = torch.Generator(device=device).manual_seed(self._seeds.next(sampling.seed))
+        prompts_per_call = max(1, self.max_batch_rows // sampling.n)
+        samples: list[SampledTokens] = []
+        for start in range(0, len(prefixes), prompts_per_call):
+            chunk = [list(map(int, prefix)) for prefix in prefixes[start : start + prompts_per_call]]
+            samples += self._continue_chunk(chunk, sampling, stop_ids, generator)
+        return samples
+
+    def _take_kept(self, prefix: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The longest kept cache whose ids start ``prefix`` and leave at least one id of it to feed."""
+        for length in sorted({len(key) for key in self._kept}, reverse=True):
+            if length < len(prefix):
+                entry = self._kept.pop(tuple(prefix[:length]), None)
+                if entry is not None:
+                    self._kept_bytes -= sum(k.nbytes + v.nbytes for k, v in entry)
+                    return entry
+        return None
+
+    def _keep(self, ids: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        size = sum(k.nbytes + v.nbytes for k, v in layers)
+        if size > self.kept_cache_bytes:
+            return
+        self._kept[ids] = layers
+        self._kept_bytes += size
+        while self._kept_bytes > self.kept_cache_bytes:
+            _, dropped = self._kept.popitem(last=False)
+            self._kept_bytes -= sum(k.nbytes + v.nbytes for k, v in dropped)
+
+    def _continue_chunk(
+        self,
+        prefixes: list[list[int]],
+        sampling: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator,
+    ) -> list[SampledTokens]:
+        """Prefill each prefix's ids past its kept cache (left-padded: ``[pad][cached][pad][new ids]``),
+        then sample; returns ``len(prefixes) * n`` samples and keeps their caches."""
+        device, n = self.model.device, sampling.n
+        kept = [self._take_kept(prefix) for prefix in prefixes]
+        cached = [0 if entry is None else entry[0][0].shape[1] for entry in kept]
+        cached_width = max(cached)
+        new_width = max(len(p) - c for p, c in zip(prefixes, cached, strict=True))
+        rows = len(prefixes)
+        new_ids = torch.full((rows, new_width), self.pad_token_id, dtype=torch.long, device=device)
+        mask = torch.zeros((rows, cached_width + new_width), dtype=torch.long, device=device)
+        for row, (prefix, c) in enumerate(zip(prefixes, cached, strict=True)):
+            fresh = prefix[c:]
+            new_ids[row, new_width - len(fresh) :] = torch.tensor(fresh, device=device)
+            mask[row, cached_width - c : cached_width] = 1
+            mask[row, cached_width + new_width - len(fresh) :] = 1
+        cache = DynamicCache()
+        if cached_width > 0:
+            template = next(entry for entry in kept if entry is not None)
+            for layer, (keys, values) in enumerate(template):
+                shape = (rows, keys.shape[0], cached_width, keys.shape[2])
+                layer_keys = keys.new_zeros(shape)
+                layer_values = values.new_zeros(shape)
+                for row, (entry, c) in enumerate(zip(kept, cached, strict=True)):
+                    if entry is not None:
+                        layer_keys[row, :, cached_width - c :] = entry[layer][0]
+                        layer_values[row, :, cached_width - c :] = entry[layer][1]
+                cache.update(layer_keys, layer_values, layer)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, cached_width:]
+        out = self.model(
+            input_ids=new_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)
+        finished: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+        def capture(
+            output_rows: torch.Tensor, batch_rows: torch.Tensor, cache: DynamicCache, mask: torch.Tensor
+        ):
+            for output_row, batch_row in zip(output_rows.tolist(), batch_rows.tolist(), strict=True):
+                fed = mask[batch_row].bool()
+                finished[output_row] = [
+                    (layer.keys[batch_row][:, fed].clone(), layer.values[batch_row][:, fed].clone())
+                    for layer in cache.layers
+                ]
+
+        tokens, log_probs, lengths, stopped = self._sample(
+            out.logits[:, -1].repeat_interleave(n, dim=0),
+            cache,
+            mask.repeat_interleave(n, dim=0),
+            positions[:, -1:].repeat_interleave(n, dim=0) + 1,
+            sampling,
+            stop_ids,
+            generator,
+            on_finish=capture if self.kept_cache_bytes > 0 else None,
+        )
+        samples = []
+        columns = (tokens.tolist(), log_probs.tolist(), lengths.tolist(), stopped.tolist())
+        for row, (row_tokens, row_log_probs, length, has_stop) in enumerate(zip(*columns, strict=True)):
+            samples.append(
+                SampledTokens(
+                    tuple(row_tokens[:length]),
+                    tuple(row_log_probs[:length]),
+                    FINISH_STOP if has_stop else FINISH_LENGTH,
+                )
+            )
+            if row in finished:
+                self._keep(tuple(prefixes[row // n] + row_tokens[: length - 1]), finished[row])
+        return samples
+
+    @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # Kept caches hold keys and values of the old weights.
+        self._kept.clear()
+        self._kept_bytes = 0
         # state_dict() tensors share storage with the parameters, tied ones included.
         state = self.model.state_dict()
         for name, tensor in weights:
@@ -239,7 +408,11 @@ class HFRolloutEngine(RolloutEngine):
             state[name].copy_(tensor)
 
     def release(self) -> int:
-        return 0
+        """Drops the caches `continue_token_lists` keeps; returns their bytes."""
+        freed = self._kept_bytes
+        self._kept.clear()
+        self._kept_bytes = 0
+        return freed
 
     def resume(self) -> int:
         return 0
