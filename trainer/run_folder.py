@@ -12,8 +12,8 @@ the config), and records it in ``<output_dir>/run.json``:
   ``<output_dir>/archive/<UTC time>/``) or ``delete``; each says what it did;
 - a resumed checkpoint whose config differs from this one's is taken with a warning naming the keys
   (those of `FREE_KEYS` may differ freely), unless one is of `PINNED_KEYS` (`RunFolderError`);
-  differing optimizer settings (`OPTIMIZER_FIELDS`) get a
-  warning of their own: the config wins (`workers.training.load_training_state`).
+  differing optimizer settings (`OPTIMIZER_FIELDS`) get a warning of their own: the config wins
+  (`workers.training.load_training_state`).
 
 `RunFolderError` is a `ConfigError` under ``trainer.output_dir`` or ``trainer.resume``: the command
 exits with code 2, before any process starts.
