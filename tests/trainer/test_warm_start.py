@@ -121,11 +121,43 @@ def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
     assert greedy_accuracy(load_causal_lm(tmp_path / "out"), tokenizer, held_out) == 1.0
 
 
+def test_below_min_accuracy_it_extends_in_blocks_until_reached_or_max_steps(tmp_path, caplog):
+    # The "answer is 7" task again: from 1 step, blocks of 4 until every held-out answer is right.
+    root = write_task(tmp_path, prompts=64)
+    rows = read_rows(root / "train.parquet")
+    config = load_config(None, [f"data.train_files=[{root / 'train.parquet'}]", *TINY])
+    initial = prepare_model_dir(config, tmp_path / "cache")
+    tokenizer = load_tokenizer(config, initial)
+    train, held_out = rows[:48], rows[48:]
+    common = {"batch_size": 16, "lr": 3e-4, "seed": 0, "extend_every": 4}
+    extended = warm_start(
+        initial, tokenizer, train, held_out, tmp_path / "ext", WarmStartConfig(steps=1, min_accuracy=1.0, max_steps=60, **common)
+    )
+    measured_at = [step for step, _ in extended.curve]
+    assert measured_at == list(range(1, extended.steps + 1, 4)) and extended.steps > 1
+    assert extended.accuracy == 1.0 and all(accuracy < 1.0 for _, accuracy in extended.curve[:-1])
+    # The stop is a step count: the same weights as a plain run of that many steps.
+    plain = warm_start(initial, tokenizer, train, held_out, tmp_path / "plain", WarmStartConfig(steps=extended.steps, **common))
+    first, second = weights(tmp_path / "ext"), weights(tmp_path / "plain")
+    assert plain.accuracy == 1.0 and all(torch.equal(first[name], second[name]) for name in first)
+    # max_steps caps the extension, with a warning naming it.
+    with caplog.at_level(logging.WARNING, logger="trainer.warm_start"):
+        capped = warm_start(
+            initial, tokenizer, train, held_out, tmp_path / "cap", WarmStartConfig(steps=1, min_accuracy=1.0, max_steps=3, **common)
+        )
+    assert capped.steps == 3 and [step for step, _ in capped.curve] == [1, 3]
+    assert "stopped at max_steps=3" in caplog.text
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"WarmStartConfig.steps must be >= 1, got 0"):
         WarmStartConfig(steps=0)
     with pytest.raises(ValueError, match=r"WarmStartConfig.lr must be > 0"):
         WarmStartConfig(lr=0.0)
+    with pytest.raises(ValueError, match=r"WarmStartConfig.max_steps \(5\) must be >= steps \(6\)"):
+        WarmStartConfig(steps=6, max_steps=5)
+    with pytest.raises(ValueError, match=r"WarmStartConfig.min_accuracy must lie in \[0, 1\]"):
+        WarmStartConfig(min_accuracy=1.5)
 
 
 def test_refuses_a_configured_model_path(arithmetic, tmp_path):
