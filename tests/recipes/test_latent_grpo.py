@@ -3,6 +3,7 @@ rollout against the training-layout forward (single process, the HF engine on a 
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import torch
 
 from hybridflow.algos import compute_policy_loss
 from hybridflow.data.synthetic import arithmetic_rows, write_splits
+from hybridflow.parallel.packing import position_ids_from_mask
+from hybridflow.protocol import Batch
 from hybridflow.rollout import HFRolloutEngine, SamplingParams
 from recipes.latent_grpo.forward import latent_sequence_log_probs, sequence_embeddings
 from recipes.latent_grpo.latent import (
@@ -209,3 +212,36 @@ def test_greedy_rollout_draws_no_noise(peaked_model):
     # Without noise g is the log-prob itself, so the top candidate's g is its log-prob.
     latent = first["latent_mask"].bool()
     assert (first["latent_g"][latent][:, 0] <= 0).all()
+
+
+def _gradient(model, rollouts, advantage: float) -> torch.Tensor:
+    """The gradient of the summed training-layout log-probs in the LM head, with every advantage set to
+    ``advantage`` (<= 0 turns the flip on where ``g - logp < 0``)."""
+    model.zero_grad()
+    batch = rollouts | Batch({"advantages": torch.full(rollouts["response_mask"].shape, advantage)})
+    embedding = model.get_input_embeddings().weight.detach()
+    latent_sequence_log_probs(model, batch, embedding, LATENT.tau, SAMPLING.temperature).sum().backward()
+    return model.lm_head.weight.grad.clone()
+
+
+def test_the_flip_is_inert_on_policy_and_acts_after_an_optimizer_step(peaked_model):
+    model = copy.deepcopy(peaked_model)
+    rollouts = _rollout(model, seed=2)
+    assert rollouts["latent_mask"].any()
+    # Under the sampling policy g - logp is the one-sided noise, >= 0: the flip changes nothing.
+    torch.testing.assert_close(_gradient(model, rollouts, -1.0), _gradient(model, rollouts, 1.0), rtol=0, atol=0)
+    # One optimizer step that raises the latent steps' log-densities moves logp past some stored g ...
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.zero_grad()
+    embedding = model.get_input_embeddings().weight.detach()
+    (-latent_sequence_log_probs(model, rollouts, embedding, LATENT.tau, 1.0).sum()).backward()
+    optimizer.step()
+    embeds, mask = sequence_embeddings(rollouts, embedding, LATENT.tau)
+    with torch.no_grad():
+        logits = model(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    width = rollouts["responses"].shape[1]
+    candidates = logits[:, -width - 1 : -1].log_softmax(-1).gather(-1, rollouts["latent_ids"])
+    latent = rollouts["latent_mask"].bool()
+    assert ((rollouts["latent_g"] - candidates)[latent] < 0).any()
+    # ... and there, on the second pass over the batch, the flip acts.
+    assert not torch.equal(_gradient(model, rollouts, -1.0), _gradient(model, rollouts, 1.0))
