@@ -75,8 +75,9 @@ class Codec(abc.ABC):
         stop token); records the observation in ``conversation``."""
 
     @abc.abstractmethod
-    def add_turn(self, text: str, conversation: Conversation) -> None:
-        """Record the policy's turn (its decoded text) in ``conversation``."""
+    def add_turn(self, ids: Sequence[int], text: str, conversation: Conversation) -> None:
+        """Record the policy's turn (its sampled ``ids`` and their ``text`` without special tokens) in
+        ``conversation``."""
 
     @abc.abstractmethod
     def render(self, conversation: Conversation) -> list[int] | None:
@@ -104,9 +105,10 @@ class TextCodec(Codec):
     ) -> list[int]:
         return self._ids(observation, conversation)
 
-    def add_turn(self, text: str, conversation: Conversation) -> None:
+    def add_turn(self, ids: Sequence[int], text: str, conversation: Conversation) -> None:
+        # With its special tokens (a sampled end-of-sequence id is part of the plain-text history).
         if conversation.entries is not None:
-            conversation.entries.append(text)
+            conversation.entries.append(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def render(self, conversation: Conversation) -> list[int] | None:
         return None if conversation.entries is None else self.encode_text("".join(conversation.entries))
@@ -186,7 +188,8 @@ class ChatCodec(Codec):
             conversation.entries.extend(messages)
         return closing + self.delta(messages)
 
-    def add_turn(self, text: str, conversation: Conversation) -> None:
+    def add_turn(self, ids: Sequence[int], text: str, conversation: Conversation) -> None:
+        # The template writes the turn-end token itself.
         if conversation.entries is not None:
             conversation.entries.append({"role": "assistant", "content": text})
 

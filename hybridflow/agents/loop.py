@@ -152,7 +152,7 @@ def _generate(
             episode.finish = FINISH_MAX_TOKENS
             continue
         text = codec.decode(ids)
-        codec.add_turn(text, episode.conversation)
+        codec.add_turn(ids, text, episode.conversation)
         turn = ModelTurn(tuple(ids), text, FINISH_STOP if stopped else FINISH_LENGTH, episode.turns - 1)
         running[pool.submit(_step, episode.environment, turn)] = (episode, stopped)
 

@@ -95,7 +95,7 @@ def test_trainer_log_probs_of_policy_ids_equal_the_engine_log_probs(sampled):
 
 
 def test_metrics_count_turns_tokens_and_share(sampled):
-    _, _, rollout = sampled
+    tokenizer, _, rollout = sampled
     metrics = episode_metrics(rollout)
     episodes = rollout.episodes
     inserted = sum(e.policy_mask.count(0) for e in episodes)
@@ -106,6 +106,16 @@ def test_metrics_count_turns_tokens_and_share(sampled):
     assert inserted == 8 * 6
     assert metrics["agent/cut_max_turns"] == 0 and metrics["agent/cut_max_tokens"] == 0
     assert metrics["agent/reward_mean"] == 6.0
+    # Plain text and a character tokenizer: re-encoding the history (sampled special ids written out,
+    # as the end-of-sequence ids that ended turns here) reproduces the ledger: no drift.
+    specials = {
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.unk_token_id,
+    }
+    assert any(set(e.response_ids) & specials for e in episodes)
+    assert metrics["agent/drift_turns"] == 0
     assert metrics["agent/tool_calls"] == 0
     assert 0 < metrics["agent/generation_seconds"] <= metrics["agent/wall_seconds"]
 

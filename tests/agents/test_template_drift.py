@@ -59,7 +59,7 @@ def test_think_stripping_template_is_detected_and_the_delta_rule_keeps_the_sampl
     # The ids a policy sampled for one turn, ending on the turn-end token.
     turn = [*encode("<think>2 and 2</think>4"), eos]
     ledger += turn
-    codec.add_turn(codec.decode(turn), conversation)
+    codec.add_turn(turn, codec.decode(turn), conversation)
     observation = codec.observation("ok", True, conversation)
     assert observation == [*encode("<tool>ok"), eos, *encode("<assistant>")]
     ledger += observation
@@ -144,7 +144,7 @@ def test_smollm2_real_template_with_tool_messages_keeps_exact_ids():
     ledger = codec.start([{"role": "user", "content": "What is 12*34?"}], conversation)
     turn = [*encode("<calculator>12*34</calculator>"), codec.turn_end_id]
     ledger += turn
-    codec.add_turn(codec.decode(turn), conversation)
+    codec.add_turn(turn, codec.decode(turn), conversation)
     observation = codec.observation("408", True, conversation)
     ledger += observation
     assert tokenizer.decode(observation).strip().startswith("<|im_start|>tool")
