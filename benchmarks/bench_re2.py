@@ -82,7 +82,11 @@ def dapo_step(runtime: Runtime, prompts: Batch) -> Batch:
         correct, _ = RE2.judged(runtime, rollouts, redo)
         last = last_valid_token_mask(rollouts["response_mask"].bool())
         return rollouts | Batch(
-            {"scores": correct.float(), "token_level_scores": last.float() * correct[:, None]}
+            {
+                "accuracy": correct.float(),
+                "scores": correct.float(),
+                "token_level_scores": last.float() * correct[:, None],
+            }
         )
 
     rollouts, metrics = DAPO.fill_batch(

@@ -43,7 +43,7 @@ ALGORITHMS: dict[str, tuple[Callable[[Runtime, Batch], Batch], list[str]]] = {
         [
             "actor.clip_eps_high=0.28",
             "actor.loss_agg_mode=token-mean",
-            "reward.shaping=[{name: overlong_penalty, kwargs: {max_response_length: 6, cache_length: 2}}]",
+            "recipe.overlong_cache_length=2",
             "recipe.max_rounds=4",
         ],
     ),

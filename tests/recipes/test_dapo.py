@@ -1,4 +1,5 @@
-"""recipes/dapo: dynamic sampling keeps only informative groups and refills the batch; overlong handling."""
+"""recipes/dapo: dynamic sampling keeps only groups of mixed accuracy and refills the batch; over-sampling
+fills it in one round; overlong handling."""
 
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ from workers.actor import ActorRolloutRefWorker
 GROUP = 4
 
 
-def scored_round(group_scores: list[list[float]], tag: int, prompt_width: int) -> Batch:
-    """Rows of hand-made groups of GROUP samples: scores, a tag per row, and prompts ``prompt_width`` wide."""
-    scores = torch.tensor([s for group in group_scores for s in group])
-    rows = len(scores)
+def scored_round(
+    group_scores: list[list[float]], tag: int, prompt_width: int, shaped: list[list[float]] | None = None
+) -> Batch:
+    """Rows of hand-made groups of GROUP samples: accuracies, shaped scores (the accuracies unless given),
+    a tag per row, and prompts ``prompt_width`` wide."""
+    accuracy = torch.tensor([s for group in group_scores for s in group])
+    scores = accuracy if shaped is None else torch.tensor([s for group in shaped for s in group])
+    rows = len(accuracy)
     return Batch(
         {
+            "accuracy": accuracy,
             "scores": scores,
             "group_ids": torch.arange(rows) // GROUP,
             "tag": torch.full((rows,), tag) * 100 + torch.arange(rows),
@@ -69,6 +75,62 @@ def test_uniform_groups_never_reach_the_batch_and_it_is_refilled():
     }
 
 
+def test_groups_are_kept_by_accuracy_not_by_shaped_scores():
+    rows = scored_round(
+        [[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]],
+        tag=1,
+        prompt_width=2,
+        # Group 0: all correct, but the overlong punishment split it (one long answer, 1 - 0.5).
+        # Group 1: one correct, shaped scores as varied as its accuracies. Group 2: all wrong and all long.
+        shaped=[[1, 0.5, 1, 1], [1, 0, -0.5, 0], [-1, -1, -1, -1]],
+    )
+    kept = dapo.informative_groups(rows)
+    assert kept["tag"].tolist() == [104, 105, 106, 107]
+    # The rule on the shaped scores would have kept group 0, whose advantage is length alone.
+    shaped = rows["scores"].view(3, GROUP)
+    assert (shaped.max(-1).values > shaped.min(-1).values).tolist() == [True, True, False]
+
+
+def test_over_sampling_fills_the_step_from_one_round():
+    """Prompt batches of 4 prompts; one prompt in 4 gives a group of mixed accuracy (the others are all
+    right or all wrong). A step wants 4 groups: one batch per round needs 4 rounds, three per round need
+    2, and four per round fill the step from its first round."""
+    prompt_batches = iter(range(1, 100))
+
+    def prompts(batch_index: int) -> Batch:
+        ids = torch.full((4, 2), batch_index)
+        return Batch({"input_ids": ids, "attention_mask": torch.ones(4, 2, dtype=torch.long)})
+
+    def sample_round(round_prompts: Batch) -> Batch:
+        # Prompt j of every batch: j == 1 is mixed (1 right of GROUP), j == 0 all right, else all wrong.
+        groups = [[1, 0, 0, 0] if j % 4 == 1 else [int(j % 4 == 0)] * GROUP for j in range(len(round_prompts))]
+        return scored_round(groups, tag=int(round_prompts["input_ids"][0, 0]), prompt_width=2)
+
+    def rounds_needed(oversample: int) -> tuple[float, list[int]]:
+        nonlocal prompt_batches
+        prompt_batches = iter(range(1, 100))
+        first = prompts(0)
+        sizes = []
+
+        def one_round(index: int) -> Batch:
+            joined = dapo.round_prompts(
+                first if index == 0 else None, lambda: prompts(next(prompt_batches)), oversample, 0
+            )
+            sizes.append(len(joined))
+            return sample_round(joined)
+
+        batch, metrics = dapo.fill_batch(one_round, groups_wanted=4, group_size=GROUP, max_rounds=8, pad_token_id=0)
+        assert batch is not None and len(batch) == 4 * GROUP
+        return metrics["dapo/rounds"], sizes
+
+    assert rounds_needed(1) == (4.0, [4, 4, 4, 4])
+    assert rounds_needed(3) == (2.0, [12, 12])
+    assert rounds_needed(4) == (1.0, [16])
+    # The first round holds the step's own prompts (batch 0) and then the next batches, in order.
+    joined = dapo.round_prompts(prompts(0), lambda: prompts(7), 3, 0)
+    assert joined["input_ids"][:, 0].tolist() == [0] * 4 + [7] * 8
+
+
 def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
     uniform = scored_round([[1, 1, 1, 1], [0, 0, 0, 0]], tag=1, prompt_width=2)
     batch, metrics = dapo.fill_batch(
@@ -80,23 +142,27 @@ def test_the_rounds_are_capped_and_nothing_informative_gives_no_batch():
 
 
 def test_overlong_punishment_of_the_recipe_config_at_its_boundaries(tmp_path):
-    config = load_config(
-        dapo.HERE / "config.yaml",
-        [
-            f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]",
-            "data.val_files=[]",
-            "trainer.val_every=0",
-        ],
-    )
-    (shaping,) = config.reward.shaping
-    assert shaping.name == "overlong_penalty" and dict(shaping.kwargs) == {
-        "max_response_length": 6,
-        "cache_length": 2,
-    }
+    files = [f"data.train_files=[{write_task(tmp_path) / 'train.parquet'}]", "data.val_files=[]", "trainer.val_every=0"]
+    config = load_config(dapo.HERE / "config.yaml", files)
+    settings = dapo.dapo_settings(config)
+    assert config.reward.shaping == () and settings.oversample == 3
+    assert (config.data.max_response_length, settings.overlong_cache_length) == (6, 2)
     lengths = torch.tensor([1, 4, 5, 6])  # up to L_max - L_cache = 4: 0; then (4 - L) / 2; -1 at L_max
     mask = (torch.arange(6) < lengths[:, None]).long()
-    shaped = overlong_penalty(torch.ones(4), Batch({"response_mask": mask}), **shaping.kwargs)
+    shaped = overlong_penalty(
+        torch.ones(4),
+        Batch({"response_mask": mask}),
+        max_response_length=config.data.max_response_length,
+        cache_length=settings.overlong_cache_length,
+    )
     assert shaped.tolist() == [1.0, 1.0, 0.5, 0.0]
+    # A configured shaping would change the accuracy the groups are kept by: refused, naming the key.
+    shaped_config = load_config(
+        dapo.HERE / "config.yaml",
+        [*files, "reward.shaping=[{name: length_penalty, kwargs: {coef: 0.1, max_response_length: 6}}]"],
+    )
+    with pytest.raises(ValueError, match=r"reward.shaping must be empty, got \['length_penalty'\]"):
+        dapo.dapo_settings(shaped_config)
 
 
 def test_truncated_samples_carry_no_loss():
@@ -152,12 +218,13 @@ def test_dapo_step_under_fit_trains_only_on_informative_groups(ray_cluster, tmp_
         # The response mask that overlong filtering changed (a truncated sample's mask is all zero now)
         # went along with the tokens, so no truncated token was trained on.
         assert {"advantages", "responses", "response_mask"} <= set(sent)
-        # ... and no group of it scored the same on every sample.
-        scores = rollouts["scores"].view(16, 8)
-        assert bool((scores.max(-1).values > scores.min(-1).values).all())
+        # ... and no group of it had the same accuracy on every sample.
+        accuracy = rollouts["accuracy"].view(16, 8)
+        assert bool((accuracy.max(-1).values > accuracy.min(-1).values).all())
         assert rollouts["group_ids"].tolist() == [g for g in range(16) for _ in range(8)]
     for record in records:
         assert record["dapo/prompts_kept"] == 16
-        assert record["dapo/rounds"] >= 1
-        assert record["dapo/prompts_sampled"] == pytest.approx(16 * record["dapo/rounds"])
+        # Over-sampling (3 batches of 16 prompts a round) filled each step from its first round.
+        assert record["dapo/rounds"] == 1
+        assert record["dapo/prompts_sampled"] == 48
         assert record["group/zero_variance_frac"] == 0.0
