@@ -26,7 +26,12 @@ EPISODE_COLUMNS = {
 """The columns `episodes_to_batch` adds to the standard prompt and response columns."""
 
 
-def episodes_to_batch(rollout: AgentRollout, pad_token_id: int, response_width: int | None = None) -> Batch:
+def episodes_to_batch(
+    rollout: AgentRollout,
+    pad_token_id: int,
+    response_width: int | None = None,
+    prompt_width: int | None = None,
+) -> Batch:
     """One row per episode, in the rollout's order.
 
     Args:
@@ -34,6 +39,7 @@ def episodes_to_batch(rollout: AgentRollout, pad_token_id: int, response_width: 
         pad_token_id: fills the prompt (on the left) and the response (on the right).
         response_width: width of the response columns (fixed so Batches of several ranks concat); by
             default the longest episode's response.
+        prompt_width: width of the prompt columns, likewise; by default the longest first input.
 
     Returns:
         ``input_ids``/``attention_mask [rows, prompt_len]`` (left-padded), ``responses``/``response_mask``
@@ -47,7 +53,12 @@ def episodes_to_batch(rollout: AgentRollout, pad_token_id: int, response_width: 
     width = longest if response_width is None else response_width
     if longest > width:
         raise ValueError(f"an episode has {longest} response ids, more than response_width={width}")
-    prompt_width = max(len(e.prompt_ids) for e in episodes)
+    longest_prompt = max(len(e.prompt_ids) for e in episodes)
+    prompt_width = longest_prompt if prompt_width is None else prompt_width
+    if longest_prompt > prompt_width:
+        raise ValueError(
+            f"an episode's first input has {longest_prompt} ids, more than prompt_width={prompt_width}"
+        )
     rows = len(episodes)
     input_ids = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((rows, prompt_width), dtype=torch.long)

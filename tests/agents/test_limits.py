@@ -16,6 +16,7 @@ from hybridflow.agents import (
     run_episodes,
 )
 from hybridflow.rollout import HFRolloutEngine, SamplingParams
+from tests.agents._scripted import CountingEnvironment
 from tests.rollout import _tiny
 
 PROMPTS = ("12+7=", "3*(4-1)=", "a", "ab+cd*9=")
@@ -57,12 +58,24 @@ def test_token_limit_cuts_within_the_budget_and_ends_on_a_policy_id(budget: int)
         assert episode.num_tokens <= budget
         assert episode.policy_mask[-1] == 1
         # The turn that filled the budget was not stepped (the episode ended first); every other was.
+        assert isinstance(episode.environment, CountingEnvironment)
         stepped = episode.environment.turns
         assert episode.reward == sum(t.turn + 1 for t in stepped)
         assert len(stepped) in (episode.turns, episode.turns - 1)
         # Every turn got at most the room it had: turn ends never pass the budget.
         assert all(len(episode.prompt_ids) + end <= budget for end in episode.turn_ends)
     assert episode_metrics(rollout)["agent/cut_max_tokens"] == 4
+
+
+def test_fixed_widths_pad_every_row_alike():
+    rollout = _rollout(AgentConfig(max_turns=2, max_total_tokens=40), turns=2)
+    batch = episodes_to_batch(rollout, _tiny.tokenizer().pad_token_id, response_width=40, prompt_width=12)
+    assert batch["input_ids"].shape == (4, 12) and batch["responses"].shape == (4, 40)
+    for row, episode in enumerate(rollout.episodes):
+        assert batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist() == episode.prompt_ids
+        assert batch["responses"][row, : len(episode.response_ids)].tolist() == episode.response_ids
+    with pytest.raises(ValueError, match="prompt_width=4"):
+        episodes_to_batch(rollout, 0, prompt_width=4)
 
 
 def test_a_prompt_that_fills_the_budget_is_refused_naming_the_row():
