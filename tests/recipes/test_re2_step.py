@@ -106,13 +106,15 @@ def test_re2_step_under_fit(ray_cluster, tmp_path):
             )
             length = int(rollouts["response_lengths"][row])
             response = rollouts["responses"][row, :length].tolist()
+            # The whole sample (prefix, then response) stays within the first stage's width.
+            assert k + length <= width
             if phrase in response:  # cut right after the first "q", then EOS where the row has room
                 redone += 1
                 end = response.index(phrase) + 1
-                if end < width:
+                if end < width - k:
                     assert length == end + 1 and response[-1] == eos
                 else:
-                    assert length == end == width
+                    assert length == end == width - k
                 assert bool(rollouts["redo"][row]) and rollouts["response_mask"][row, length - 1] == 1
         assert rollouts["appended_eos"].sum() <= rollouts["redo"].sum()
     assert redone > 0
