@@ -4,6 +4,8 @@ In the order the data flows (the controller only moves Batches; weights stay on 
 
     rollouts  = generate(prompts)            # [B*n] rows, inference layout
     rollouts |= score(rollouts)              # reward functions (+ weight * reward model)
+                                             # (with an agent section: agent_generate(prompts),
+                                             # episodes scored by their environment)
     rollouts |= old_log_probs(rollouts)      # training layout; skipped when the update is one
                                              # on-policy optimizer step (it takes its own)
     rollouts |= ref_log_probs(rollouts)      # if a KL term is used
@@ -16,6 +18,7 @@ In the order the data flows (the controller only moves Batches; weights stay on 
 from __future__ import annotations
 
 from hybridflow.protocol import Batch
+from trainer.agent_rollout import agent_generate
 from trainer.runtime import Runtime
 from trainer.steps import (
     advantages,
@@ -44,8 +47,11 @@ def needs_old_log_probs(runtime: Runtime) -> bool:
 def rl_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One PPO/GRPO step as the config describes it; returns the step's rollouts."""
     config = runtime.config
-    rollouts = generate(runtime, prompts)
-    rollouts |= score(runtime, rollouts)
+    if config.agent is None:
+        rollouts = generate(runtime, prompts)
+        rollouts |= score(runtime, rollouts)
+    else:
+        rollouts = agent_generate(runtime, prompts)  # scored by the episodes' environment
     if needs_old_log_probs(runtime):
         rollouts |= old_log_probs(runtime, rollouts)
     if config.needs_reference:

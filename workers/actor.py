@@ -15,9 +15,10 @@ into the engine and gives the memory back afterwards. Two meshes are published t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -25,6 +26,16 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.agents import (
+    EPISODE_COLUMNS,
+    AgentConfig,
+    Codec,
+    Environment,
+    episode_metrics,
+    episode_rows,
+    episodes_to_batch,
+    run_episodes,
+)
 from hybridflow.contract import MODEL_INPUTS, loss_response_mask, require_columns
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.metrics import reduce_metrics
@@ -104,6 +115,18 @@ def sequence_log_probs(
     out = forward(model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size, stats=stats)
     return out.response(batch["responses"].shape[1])
 
+
+
+_AGENT_SUMS = (
+    "tool_calls",
+    "tool_errors",
+    "tool_timeouts",
+    "tool_seconds",
+    "cut_max_turns",
+    "cut_max_tokens",
+    "drift_turns",
+)
+"""`episode_metrics` that count (episodes, calls, the calls' seconds): summed over the ranks."""
 
 
 def _resolve_stats_argument(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -224,6 +247,56 @@ class ActorRolloutRefWorker(Worker):
         dist.all_gather_object(per_rank, local)
         rollouts.meta.update(rollout_metrics=reduce_metrics(per_rank, {"resharding/*": "max"}))
         return rollouts
+
+    @register(
+        dispatch=DataParallel("infer"),
+        reads=("input_ids", "attention_mask"),
+        writes=("responses", "response_mask", "rollout_log_probs", "response_lengths", *EPISODE_COLUMNS),
+    )
+    def generate_episodes(
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        agent: AgentConfig,
+        make_environment: Callable[[], Environment],
+        codec: Codec,
+    ) -> Batch:
+        """Run ``sampling.n`` episodes per prompt with the actor's current weights (docs/agents.md).
+
+        Each episode starts from the prompt's ids (`episode_rows`; the prompt Batch's non-tensor columns
+        reach the environment's ``start``), each turn sampled with ``sampling`` (``n`` 1, at most
+        ``max_new_tokens`` ids). ``make_environment`` builds one episode's environment (resolved on the
+        controller, where a recipe registered it). Output: `episodes_to_batch` with the prompt width of
+        ``prompts`` and ``agent.max_total_tokens`` response columns, so the ranks' Batches concatenate;
+        ``meta["rollout_metrics"]`` as in `generate_sequences`, plus the ``agent/*`` metrics of
+        `episode_metrics` (counts summed over ranks, the rest averaged, maxima and seconds the largest).
+        """
+        start = time.perf_counter()
+        with self.resharder as engine:
+            generated = time.perf_counter()
+            rows = episode_rows(prompts, sampling.n)
+            turn = dataclasses.replace(sampling, n=1)
+            rollout = run_episodes(engine, rows, make_environment, codec, turn, agent)
+            generate_s = time.perf_counter() - generated
+        episodes = episodes_to_batch(
+            rollout,
+            engine.pad_token_id,
+            response_width=agent.max_total_tokens,
+            prompt_width=prompts["input_ids"].shape[1],
+        )
+        to_inference, to_training = self.resharder.reports[-2:]
+        local = {
+            **to_inference.metrics(),
+            **to_training.metrics(),
+            **episode_metrics(rollout),
+            "timing_s/generate": generate_s,
+            "timing_s/generate_with_resharding": time.perf_counter() - start,
+        }
+        per_rank: list[dict[str, float]] = [{}] * self.world_size
+        dist.all_gather_object(per_rank, local)
+        kinds = {**{f"agent/{name}": "sum" for name in _AGENT_SUMS}, "resharding/*": "max", "agent/*_seconds": "max"}
+        episodes.meta.update(rollout_metrics=reduce_metrics(per_rank, kinds))
+        return episodes
 
     def _sample(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Batch:
         """The rollouts of `generate_sequences`, drawn from ``engine`` in the inference layout:
@@ -402,7 +475,8 @@ class ActorRolloutRefWorker(Worker):
             if on_policy:
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:
-                    gap.add(part["rollout_log_probs"], part["old_log_probs"], part["response_mask"])
+                    # Over the sampled tokens only: inserted ids (loss weight 0) have no engine log-prob.
+                    gap.add(part["rollout_log_probs"], part["old_log_probs"], loss_response_mask(part))
             # The forward ran on the real response mask; every loss term weighs its tokens by the loss mask.
             if "loss_mask" in part:
                 rest = part.select(*[column for column in part.keys() if column != "response_mask"])

@@ -5,14 +5,15 @@
   are not append-only);
 - `episode`: `Episode`, the token ledger (exact ids, policy mask, engine log-probs);
 - `loop`: `run_episodes`, turns batched on the engine, steps on a thread pool;
-- `batch`: `episodes_to_batch`, the rollout Batch with ``loss_mask``;
+- `batch`: `episode_rows` (a prompt Batch's rows) and `episodes_to_batch`, the rollout Batch with
+  ``loss_mask``;
 - `metrics`: `episode_metrics`;
 - `tool_env`: ``tool_calls``, tools called by tags with a reward on the answer.
 
 See docs/agents.md.
 """
 
-from hybridflow.agents.batch import EPISODE_COLUMNS, episodes_to_batch
+from hybridflow.agents.batch import EPISODE_COLUMNS, episode_rows, episodes_to_batch
 from hybridflow.agents.codec import ChatCodec, Codec, Conversation, TextCodec
 from hybridflow.agents.config import AgentConfig
 from hybridflow.agents.environment import (
@@ -51,6 +52,7 @@ __all__ = [
     "TokenIds",
     "ToolCallEnvironment",
     "episode_metrics",
+    "episode_rows",
     "episodes_to_batch",
     "find_tool_call",
     "get_environment",

@@ -8,13 +8,16 @@ policy's ids, so no loss and no KL term counts an inserted id (`hybridflow.contr
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
+from hybridflow.agents.environment import TokenIds
 from hybridflow.agents.loop import AgentRollout
 from hybridflow.protocol import Batch
 
-__all__ = ["EPISODE_COLUMNS", "episodes_to_batch"]
+__all__ = ["EPISODE_COLUMNS", "episode_rows", "episodes_to_batch"]
 
 EPISODE_COLUMNS = {
     "loss_mask": "[rows, response_len] float: 1 on the policy's sampled ids, 0 on inserted ids and padding",
@@ -24,6 +27,22 @@ EPISODE_COLUMNS = {
     "episode_finish": "non-tensor: 'done', 'max_turns' or 'max_tokens'",
 }
 """The columns `episodes_to_batch` adds to the standard prompt and response columns."""
+
+
+def episode_rows(prompts: Batch, samples_per_prompt: int) -> list[dict[str, Any]]:
+    """The data rows of a prompt Batch, each repeated ``samples_per_prompt`` times in a row (a group).
+
+    Each row's ``prompt`` is `TokenIds` of the prompt's ids (``input_ids`` where ``attention_mask`` is 1),
+    so an episode starts from exactly the ids a single-turn rollout of the prompt starts from; the
+    Batch's non-tensor columns (``raw_prompt``, ``ground_truth``, ``data_source``, ...) come along by
+    name.
+    """
+    rows = []
+    for index in range(len(prompts)):
+        ids = prompts["input_ids"][index][prompts["attention_mask"][index].bool()].tolist()
+        extra = {key: values[index] for key, values in prompts.non_tensors.items()}
+        rows.extend({**extra, "prompt": TokenIds(tuple(ids))} for _ in range(samples_per_prompt))
+    return rows
 
 
 def episodes_to_batch(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridflow.agents import AgentConfig
 from hybridflow.algos import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -491,7 +492,8 @@ def _leaf_defaults(cls: type, prefix: str) -> dict[str, object]:
 def test_docs_give_every_key_with_its_default():
     documented = documented_defaults()
     defaults = _leaf_defaults(RunConfig, "")
-    del defaults["critic"], defaults["reward_model"]
+    del defaults["critic"], defaults["reward_model"], defaults["agent"]
+    defaults.update(_leaf_defaults(AgentConfig, "agent"))
     defaults.update(_leaf_defaults(CriticConfig, "critic"))
     defaults.update(_leaf_defaults(RewardModelConfig, "reward_model"))
     defaults.update(_leaf_defaults(ShapingSpec, "reward.shaping[]"))

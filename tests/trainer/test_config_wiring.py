@@ -41,6 +41,7 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "reward": ("hybridflow/rewards", "trainer"),
     "resharding": ("hybridflow/resharding", "workers/actor.py", "trainer"),
     "monitor": ("hybridflow/metrics/monitor",),
+    "agent": ("hybridflow/agents", "workers/actor.py", "trainer"),
 }
 
 RUNTIME_READS: dict[str, str] = {

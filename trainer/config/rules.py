@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hybridflow.agents import ENVIRONMENTS
 from hybridflow.algos import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -50,6 +51,7 @@ def check_rules(config: RunConfig, problems: Problems) -> None:
     _check_trainer(config, problems)
     _check_reward(config.reward, problems)
     _check_reward_model(config, problems)
+    _check_agent(config, problems)
 
 
 def _check_name(registry: Registry[Any], name: str, key: str, problems: Problems) -> None:
@@ -392,3 +394,47 @@ def _check_reward_model(config: RunConfig, problems: Problems) -> None:
         problems.add("reward_model.tokenizer", f"directory {reward_model.tokenizer!r} not found")
     if not math.isfinite(reward_model.weight):
         problems.add("reward_model.weight", f"must be a finite number, got {reward_model.weight}")
+
+
+def _check_agent(config: RunConfig, problems: Problems) -> None:
+    """The environment is registered and takes the given keywords; an episode fits the engine."""
+    agent = config.agent
+    if agent is None:
+        return
+    if agent.environment not in ENVIRONMENTS:
+        registered = sorted(ENVIRONMENTS)
+        close = difflib.get_close_matches(agent.environment, registered, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.add(
+            "agent.environment",
+            f"no environment registered as {agent.environment!r}; {hint}registered: {', '.join(registered)}",
+        )
+    else:
+        factory = ENVIRONMENTS[agent.environment]
+        _check_keywords(
+            factory, agent.environment, agent.environment_kwargs, "agent.environment_kwargs", 0, set(), problems
+        )
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        for parameter in inspect.signature(factory).parameters.values():
+            required = parameter.kind in kinds and parameter.default is parameter.empty
+            if required and parameter.name not in agent.environment_kwargs:
+                problems.add(
+                    f"agent.environment_kwargs.{parameter.name}",
+                    f"required: environment {agent.environment!r} takes it without a default",
+                )
+    data = config.data
+    if agent.max_total_tokens <= data.max_prompt_length:
+        problems.add(
+            "agent.max_total_tokens",
+            f"{agent.max_total_tokens} leaves no room for a turn after a prompt of data.max_prompt_length="
+            f"{data.max_prompt_length}",
+            *_LENGTH_KEYS,
+        )
+    engine_length = data.max_prompt_length + data.max_response_length
+    if agent.max_total_tokens > engine_length:
+        problems.add(
+            "agent.max_total_tokens",
+            f"{agent.max_total_tokens} exceeds the engine's max_model_len (data.max_prompt_length + "
+            f"data.max_response_length = {engine_length})",
+            *_LENGTH_KEYS,
+        )

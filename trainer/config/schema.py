@@ -4,7 +4,7 @@ beside each field.
 The sections a component consumes are that component's own classes, defined where it lives (``rollout``:
 ``hybridflow.rollout``; ``actor``, ``critic``, ``ref``, ``reward_model``: ``workers.config``;
 ``reward``: ``hybridflow.rewards``; ``resharding``: ``hybridflow.resharding``; ``monitor``:
-``hybridflow.metrics.monitor``). The sections the trainer itself reads are defined here. docs/config.md
+``hybridflow.metrics.monitor``; ``agent``: ``hybridflow.agents``). The sections the trainer itself reads are defined here. docs/config.md
 describes every key. Batch sizes count rows (responses) unless named after prompts.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hybridflow.agents.config import AgentConfig
 from hybridflow.algos import ADVANTAGE_ESTIMATORS
 from hybridflow.config_fields import Dtype, FrozenMap, config_field
 from hybridflow.metrics.monitor import MonitorConfig
@@ -27,6 +28,7 @@ __all__ = [
     "GLOBAL_POOL",
     "ROLES",
     "ActorConfig",
+    "AgentConfig",
     "AlgorithmConfig",
     "CriticConfig",
     "DataConfig",
@@ -213,7 +215,8 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class RunConfig:
     """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``);
-    ``reward_model`` null means no reward model (the reward functions alone score). ``recipe`` holds a
+    ``reward_model`` null means no reward model (the reward functions alone score). ``agent`` null means
+    single-turn rollouts; set, each prompt starts multi-turn episodes (docs/agents.md). ``recipe`` holds a
     recipe's own settings, read and checked by the recipe (`trainer.config.recipe_settings`)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -230,6 +233,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     recipe: Mapping[str, Any] = field(default_factory=FrozenMap)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    agent: AgentConfig | None = None
 
     @property
     def needs_reference(self) -> bool:
