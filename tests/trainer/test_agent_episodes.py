@@ -96,13 +96,19 @@ def _encode(text: str) -> list[int]:
 
 
 def _trained_model_dir(root: Path) -> Path:
-    """A tiny character model that writes ``CALL`` after ``PROMPT`` and ``ANSWER`` after the result."""
+    """A tiny character model that writes ``CALL`` after ``PROMPT`` and ``ANSWER`` after the result (each
+    ended by the end-of-sequence id)."""
     eos = TOKENIZER.eos_token_id
-    ids = torch.tensor([_encode(PROMPT) + _encode(CALL) + [eos] + _encode(OBSERVATION) + _encode(ANSWER) + [eos]])
+    head = _encode(PROMPT) + _encode(CALL) + [eos]
+    ids = torch.tensor([head + _encode(OBSERVATION) + _encode(ANSWER) + [eos]])
+    # No loss on the observation: its ids stay unlikely under the policy, so a sync check that compared
+    # them with the engine's (absent) log-probs would fail.
+    labels = ids.clone()
+    labels[0, len(head) : len(head) + len(OBSERVATION)] = -100
     model = build_tiny_causal_lm(len(TOKENIZER), max_position_embeddings=256, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(300):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
