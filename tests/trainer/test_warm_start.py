@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,15 +105,19 @@ def test_the_cache_trains_once_per_set_up(arithmetic, tmp_path, caplog):
     assert cache_miss_reason(tmp_path, warm_start_cache_key(config, FEW)) == f"{path} was not finished (no {RECORD_FILE})"
 
 
-def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
-    # Every answer is "7": a few steps at a high learning rate teach a fresh model to answer it (and
-    # stop), so greedy accuracy goes from 0 to 1 on prompts it never saw.
+def answer_is_seven(tmp_path: Path) -> tuple[Path, Any, list[dict], list[dict]]:
+    """A fresh tiny model, its tokenizer, and 48 training and 16 held-out rows whose answer is always "7"."""
     root = write_task(tmp_path, prompts=64)
     rows = read_rows(root / "train.parquet")
     config = load_config(None, [f"data.train_files=[{root / 'train.parquet'}]", *TINY])
     initial = prepare_model_dir(config, tmp_path / "cache")
-    tokenizer = load_tokenizer(config, initial)
-    train, held_out = rows[:48], rows[48:]
+    return initial, load_tokenizer(config, initial), rows[:48], rows[48:]
+
+
+def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
+    # Every answer is "7": a few steps at a high learning rate teach a fresh model to answer it (and
+    # stop), so greedy accuracy goes from 0 to 1 on prompts it never saw.
+    initial, tokenizer, train, held_out = answer_is_seven(tmp_path)
     assert greedy_accuracy(load_causal_lm(initial), tokenizer, held_out) == 0.0
     settings = WarmStartConfig(steps=30, batch_size=16, lr=1e-2, seed=0, eval_every=10)
     result = warm_start(initial, tokenizer, train, held_out, tmp_path / "out", settings)
@@ -123,12 +128,7 @@ def test_it_learns_the_answer_and_reports_the_curve(tmp_path):
 
 def test_below_min_accuracy_it_extends_in_blocks_until_reached_or_max_steps(tmp_path, caplog):
     # The "answer is 7" task again: from 1 step, blocks of 4 until every held-out answer is right.
-    root = write_task(tmp_path, prompts=64)
-    rows = read_rows(root / "train.parquet")
-    config = load_config(None, [f"data.train_files=[{root / 'train.parquet'}]", *TINY])
-    initial = prepare_model_dir(config, tmp_path / "cache")
-    tokenizer = load_tokenizer(config, initial)
-    train, held_out = rows[:48], rows[48:]
+    initial, tokenizer, train, held_out = answer_is_seven(tmp_path)
     common = {"batch_size": 16, "lr": 3e-4, "seed": 0, "extend_every": 4}
     extended = warm_start(
         initial, tokenizer, train, held_out, tmp_path / "ext", WarmStartConfig(steps=1, min_accuracy=1.0, max_steps=60, **common)
