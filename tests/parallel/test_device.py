@@ -37,8 +37,8 @@ from workers.reward_model import RewardModelWorker
 
 ROLES = (ActorRolloutRefWorker, CriticWorker, RewardModelWorker)
 # Methods that hand their Batch to a rollout engine, which places its own inputs (the HF engine moves
-# them to its model's device; vLLM takes token lists).
-ENGINE_INPUTS = {(ActorRolloutRefWorker, "generate_sequences")}
+# them to its model's device; vLLM takes token lists; episodes start from the prompts' id lists).
+ENGINE_INPUTS = {(ActorRolloutRefWorker, "generate_sequences"), (ActorRolloutRefWorker, "generate_episodes")}
 
 
 def _context(use_gpu: bool) -> WorkerContext:
