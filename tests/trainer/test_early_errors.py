@@ -18,8 +18,7 @@ ROW = {"data_source": "toy", "prompt": [{"role": "user", "content": "1+1="}], "r
 REWARD_FILE = "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
 
 
-@pytest.fixture
-def good(tmp_path: Path) -> dict[str, Path]:
+def valid_setup(tmp_path: Path) -> dict[str, Path]:
     """Paths of a valid setup: data files with a row, a reward file, an output folder that can be made."""
     paths = {
         "train": write_rows([ROW], tmp_path / "train.parquet"),
@@ -29,6 +28,11 @@ def good(tmp_path: Path) -> dict[str, Path]:
     }
     paths["reward"].write_text(REWARD_FILE)
     return paths
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> dict[str, Path]:
+    return valid_setup(tmp_path)
 
 
 def overrides(good: dict[str, Path], **changes: str) -> list[str]:

@@ -18,22 +18,14 @@ from pathlib import Path
 import pytest
 
 from hybridflow.checkpoint import MARKER_FILE, CheckpointStore, RunIdentity, flat_config, read_run_file
-from hybridflow.data import write_rows
-from tests.trainer.test_early_errors import REWARD_FILE, ROW, overrides, run_cli
+from tests.trainer.test_early_errors import overrides, run_cli, valid_setup
 from trainer.config import config_to_dict, load_config
 from trainer.run_folder import FREE_KEYS, RunFolderError, _new_folder, open_run
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> dict[str, Path]:
-    paths = {
-        "train": write_rows([ROW], tmp_path / "train.parquet"),
-        "val": write_rows([ROW], tmp_path / "val.jsonl"),
-        "reward": tmp_path / "reward.py",
-        "out": tmp_path / "run",
-    }
-    paths["reward"].write_text(REWARD_FILE)
-    return paths
+    return valid_setup(tmp_path)
 
 
 def _config(setup: dict[str, Path], **changes: str):
