@@ -27,10 +27,13 @@ __all__ = [
     "MODEL_INPUTS",
     "PROMPT_INPUTS",
     "RESPONSE_INPUTS",
+    "SAMPLED_MASK",
     "MissingColumnError",
     "first_batch",
     "loss_response_mask",
+    "loss_view",
     "require_columns",
+    "sampled_response_mask",
     "step_columns",
 ]
 
@@ -45,6 +48,8 @@ COLUMNS: dict[str, str] = {
     "rollout_log_probs": "[rows, response_len] float: the rollout engine's log-probs of the sampled tokens (nats)",
     "old_log_probs": "[rows, response_len] float: the current policy's log-probs before the update (nats)",
     "ref_log_probs": "[rows, response_len] float: the frozen reference policy's log-probs (nats)",
+    "teacher_log_probs": "[rows, response_len] float: a frozen teacher model's log-probs of the sampled response "
+    "tokens (nats; on-policy distillation, docs/distillation.md)",
     "values": "[rows, response_len] float: the critic's value at each response position",
     "scores": "[rows] float: each response's score",
     "token_level_scores": "[rows, response_len] float: the score at the last valid response token, 0 elsewhere",
@@ -55,6 +60,9 @@ COLUMNS: dict[str, str] = {
     "(0 = no loss, 1 = as without the column); multiplies every actor loss term of the token, while the "
     "token counts count the tokens of non-zero weight; multiplied into response_mask for the loss "
     "(`loss_response_mask`), not for the forward",
+    "sampled_mask": "[rows, response_len] int64: 1 on the response tokens the rollout engine sampled (those with "
+    "a rollout_log_probs entry), 0 on ids a step inserted (an episode's observations) and on padding; without "
+    "the column every response token was sampled (`sampled_response_mask`)",
     "group_ids": "[rows] int64: the prompt each row answers (rows of one prompt share it)",
     "response_text": "non-tensor: each row's decoded response",
 }
@@ -70,6 +78,7 @@ LOG_PROB_COLUMNS = ("old_log_probs", "ref_log_probs", "rollout_log_probs")
 """The per-token log-prob columns (nats) a policy loss may read."""
 ADVANTAGES = "advantages"
 LOSS_MASK = "loss_mask"
+SAMPLED_MASK = "sampled_mask"
 
 
 class MissingColumnError(KeyError, ValueError):
@@ -134,6 +143,30 @@ def step_columns(*, reads: Iterable[str] = (), writes: Iterable[str] = ()) -> Ca
     return decorate
 
 
+def sampled_response_mask(batch: Batch) -> torch.Tensor:
+    """``[rows, response_len]`` bool: the response tokens the rollout engine sampled: ``response_mask``,
+    and ``sampled_mask`` when the batch has one.
+
+    The engine-against-trainer log-prob gap, the rollout correction's importance ratios and the
+    entropy estimate from ``rollout_log_probs`` run over these tokens. They are not the loss weights
+    (``loss_mask``): a step may give a sampled token weight 0 (a top-entropy mask), and an inserted
+    token has no engine log-prob whatever its weight.
+
+    Raises:
+        ValueError: naming ``sampled_mask``, when its shape is not ``response_mask``'s.
+    """
+    mask = batch["response_mask"].bool()
+    if SAMPLED_MASK not in batch:
+        return mask
+    sampled = batch[SAMPLED_MASK]
+    if sampled.shape != mask.shape:
+        raise ValueError(
+            f"column {SAMPLED_MASK!r} has shape {tuple(sampled.shape)}; it must be response_mask's "
+            f"{tuple(mask.shape)}"
+        )
+    return mask & sampled.bool()
+
+
 def loss_response_mask(batch: Batch) -> torch.Tensor:
     """``[rows, response_len]``: each response token's actor loss weight: ``response_mask``, times
     ``loss_mask`` when the batch has one (a step's per-token weights; 0/1 is a mask: 1 = train, 0 = no
@@ -168,3 +201,19 @@ def loss_response_mask(batch: Batch) -> torch.Tensor:
             f"{weights[row, position].item()} at response position {position}"
         )
     return torch.where(valid, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+
+
+def loss_view(batch: Batch) -> Batch:
+    """The batch an actor loss reads: with a ``loss_mask``, ``response_mask`` becomes the per-token loss
+    weights (`loss_response_mask`) and ``sampled_mask`` the tokens the engine sampled
+    (`sampled_response_mask`); without one, ``batch`` itself.
+
+    The model's forward runs on the real ``response_mask`` before this; every loss term then weighs a
+    token by its weight, while the rollout correction's importance ratios keep every sampled token
+    (`workers.objective.PolicyObjective` reads ``sampled_mask`` when the batch has one).
+    """
+    if LOSS_MASK not in batch:
+        return batch
+    rest = batch.select(*[column for column in batch.keys() if column not in ("response_mask", SAMPLED_MASK)])
+    weights = loss_response_mask(batch)
+    return rest | Batch({"response_mask": weights, SAMPLED_MASK: sampled_response_mask(batch).long()})

@@ -45,7 +45,7 @@ def episode_scores(rollouts: Batch) -> Batch:
 
 @step_columns(
     reads=("input_ids", "attention_mask"),
-    writes=("responses", "response_mask", "loss_mask", "scores", "token_level_scores", "group_ids"),
+    writes=("responses", "response_mask", "loss_mask", "sampled_mask", "scores", "token_level_scores", "group_ids"),
 )
 def agent_generate(runtime: Runtime, prompts: Batch) -> Batch:
     """``rollout.n`` episodes per prompt with the ``agent`` section's environment, scored by it.
@@ -68,7 +68,7 @@ def agent_generate(runtime: Runtime, prompts: Batch) -> Batch:
         rollouts = runtime.actor.generate_episodes(sent, sampling, agent, environment, codec)
     runtime.record(rollouts.meta.pop("rollout_metrics"))
     runtime.record(
-        {GENERATED_METRIC: runtime.step_metrics.get(GENERATED_METRIC, 0.0) + float(rollouts["loss_mask"].sum())}
+        {GENERATED_METRIC: runtime.step_metrics.get(GENERATED_METRIC, 0.0) + float(rollouts["sampled_mask"].sum())}
     )
     return (
         rollouts

@@ -29,6 +29,7 @@ from hybridflow.contract import (
     LOG_PROB_COLUMNS,
     LOSS_MASK,
     MODEL_INPUTS,
+    SAMPLED_MASK,
     loss_response_mask,
     require_columns,
     step_columns,
@@ -295,9 +296,9 @@ def update_critic(runtime: Runtime, rollouts: Batch) -> None:
 
 def update_columns(rollouts: Batch, loss: ActorLoss) -> tuple[str, ...]:
     """The columns `update_actor` sends the workers for ``loss``: the model inputs, ``advantages``, the
-    columns ``loss.reads`` declares, and ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs``
-    and ``loss_mask`` when ``rollouts`` has them (``rollout_log_probs`` next to ``old_log_probs`` only
-    when the loss reads it: the gap was measured against ``old_log_probs`` already).
+    columns ``loss.reads`` declares, and ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs``,
+    ``loss_mask`` and ``sampled_mask`` when ``rollouts`` has them (``rollout_log_probs`` next to
+    ``old_log_probs`` only when the loss reads it: the gap was measured against ``old_log_probs`` already).
 
     Raises:
         MissingColumnError: naming each declared column that ``rollouts`` lacks (``old_log_probs`` may
@@ -311,7 +312,7 @@ def update_columns(rollouts: Batch, loss: ActorLoss) -> tuple[str, ...]:
     require_columns(rollouts, [c for c in reads if c != "old_log_probs"], "update_actor's loss_fn")
     if LOSS_MASK in rollouts:
         loss_response_mask(rollouts)
-    optional = [c for c in (*LOG_PROB_COLUMNS, LOSS_MASK) if c in rollouts]
+    optional = [c for c in (*LOG_PROB_COLUMNS, LOSS_MASK, SAMPLED_MASK) if c in rollouts]
     if "old_log_probs" in rollouts and "rollout_log_probs" in optional and "rollout_log_probs" not in reads:
         optional.remove("rollout_log_probs")
     declared = [c for c in reads if c in rollouts and c not in optional]
@@ -325,9 +326,9 @@ def update_actor(runtime: Runtime, rollouts: Batch, loss_fn: ActorLoss | None = 
     Sends the model inputs, ``advantages`` and every column the loss declares in ``reads``
     (`workers.objective.ActorLoss`; the config's `PolicyObjective` by default), and refuses a batch
     that lacks one with a `MissingColumnError` naming it, before anything is sent. Also sends
-    ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs`` and ``loss_mask`` when the batch has them
-    (``rollout_log_probs`` next to ``old_log_probs`` only when the loss reads it). Without
-    ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its own
+    ``old_log_probs``, ``ref_log_probs``, ``rollout_log_probs``, ``loss_mask`` and ``sampled_mask``
+    when the batch has them (``rollout_log_probs`` next to ``old_log_probs`` only when the loss reads
+    it). Without ``old_log_probs`` the update must be one on-policy optimizer step, which takes them from its own
     forward (`ActorRolloutRefWorker.update_actor`). ``loss_mask [batch, response_len]`` (weights >= 0) scales
     every loss term per token (`hybridflow.contract.loss_response_mask`). ``loss_fn`` replaces the
     config's objective. Rows are sent in `balanced_update_order`, so that every rank gets a like share

@@ -36,7 +36,13 @@ from hybridflow.agents import (
     episodes_to_batch,
     run_episodes,
 )
-from hybridflow.contract import MODEL_INPUTS, loss_response_mask, require_columns
+from hybridflow.contract import (
+    MODEL_INPUTS,
+    loss_response_mask,
+    loss_view,
+    require_columns,
+    sampled_response_mask,
+)
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.metrics import reduce_metrics
 from hybridflow.models.io import load_causal_lm
@@ -475,13 +481,10 @@ class ActorRolloutRefWorker(Worker):
             if on_policy:
                 part = part | Batch({"old_log_probs": out.log_probs.detach()})
                 if "rollout_log_probs" in part:
-                    # Over the sampled tokens only: inserted ids (loss weight 0) have no engine log-prob.
-                    gap.add(part["rollout_log_probs"], part["old_log_probs"], loss_response_mask(part))
-            # The forward ran on the real response mask; every loss term weighs its tokens by the loss mask.
-            if "loss_mask" in part:
-                rest = part.select(*[column for column in part.keys() if column != "response_mask"])
-                part = rest | Batch({"response_mask": loss_response_mask(part)})
-            loss, metrics = loss_fn(out.log_probs, out.entropy, part, global_tokens, global_seqs, **counts)
+                    # Over the sampled tokens only: inserted ids have no engine log-prob.
+                    gap.add(part["rollout_log_probs"], part["old_log_probs"], sampled_response_mask(part))
+            # The forward ran on the real response mask; the loss weighs its tokens by the loss mask.
+            loss, metrics = loss_fn(out.log_probs, out.entropy, loss_view(part), global_tokens, global_seqs, **counts)
             # FSDP2 averages gradients over ranks; the loss shares are meant to be summed.
             (loss * self.world_size).backward()
             for key, value in metrics.items():

@@ -32,6 +32,7 @@ from hybridflow.algos import (
     seq_mean_token_sum_norm,
     token_mean,
 )
+from hybridflow.contract import SAMPLED_MASK
 from hybridflow.protocol import Batch
 
 __all__ = ["ActorLoss", "PolicyObjective", "SkipSetting", "skips_zero_advantage_rows"]
@@ -263,10 +264,13 @@ class PolicyObjective:
                 "(the engine's log-probs of its samples) in the update's batch; it has: "
                 f"{', '.join(sorted(micro_batch.keys()))}"
             )
+        # The importance ratios run over the tokens the engine sampled, not over the loss weights: the
+        # actor writes ``sampled_mask`` whenever a ``loss_mask`` replaces ``response_mask``.
+        sampled = micro_batch[SAMPLED_MASK] if SAMPLED_MASK in micro_batch else micro_batch["response_mask"]
         return rollout_correction_weights(
             micro_batch["old_log_probs"],
             micro_batch["rollout_log_probs"],
-            micro_batch["response_mask"],
+            sampled,
             level=self.rollout_correction,
             cap=self.rollout_correction_cap,
         )

@@ -21,6 +21,7 @@ __all__ = ["EPISODE_COLUMNS", "episode_rows", "episodes_to_batch"]
 
 EPISODE_COLUMNS = {
     "loss_mask": "[rows, response_len] float: 1 on the policy's sampled ids, 0 on inserted ids and padding",
+    "sampled_mask": "[rows, response_len] int64: 1 on the policy's sampled ids, 0 on inserted ids and padding",
     "turn_rewards": "[rows, response_len] float: each turn's reward at the turn's last sampled id, 0 elsewhere",
     "scores": "[rows] float: the episode's reward, the sum of its turns' rewards",
     "num_turns": "[rows] int64: policy turns in the episode",
@@ -106,6 +107,7 @@ def episodes_to_batch(
             "response_lengths": response_mask.sum(dim=1),
             "rollout_log_probs": log_probs,
             "loss_mask": loss_mask,
+            "sampled_mask": loss_mask.long(),
             "turn_rewards": turn_rewards,
             "scores": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
             "num_turns": torch.tensor([e.turns for e in episodes], dtype=torch.long),

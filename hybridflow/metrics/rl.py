@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from hybridflow.algos import group_index
+from hybridflow.contract import sampled_response_mask
 from hybridflow.metrics.reduce import tensor_stats
 from hybridflow.protocol import Batch
 
@@ -126,12 +127,10 @@ def log_prob_gap_metrics(batch: Batch) -> dict[str, float]:
     """``sync/log_prob_abs_diff_mean`` and ``_max``: |rollout - recomputed| log-prob over response tokens.
 
     After a correct weight push the two agree to rounding (~1e-6 in fp32); a large gap means the engine
-    sampled from different weights than the trainer holds. With a ``loss_mask``, only tokens of non-zero
-    weight count (an episode's inserted ids have no engine log-prob).
+    sampled from different weights than the trainer holds. Only the tokens the engine sampled count
+    (`hybridflow.contract.sampled_response_mask`: an episode's inserted ids have no engine log-prob).
     """
-    mask = _response_mask(batch)
-    if mask is not None and "loss_mask" in batch:
-        mask = mask & (batch["loss_mask"] > 0)
+    mask = sampled_response_mask(batch) if "response_mask" in batch else None
     if mask is None or "rollout_log_probs" not in batch or "old_log_probs" not in batch or not mask.any():
         return {}
     gap = (batch["rollout_log_probs"].double() - batch["old_log_probs"].double()).abs()[mask]

@@ -70,6 +70,7 @@ def test_trained_ids_are_the_sampled_and_inserted_ids_position_by_position(sampl
         assert batch["responses"][row, :length].tolist() == expected
         assert batch["loss_mask"][row, :length].tolist() == [float(m) for m in expected_mask]
         assert batch["loss_mask"][row, length:].sum() == 0
+        assert batch["sampled_mask"][row].tolist() == batch["loss_mask"][row].long().tolist()
         assert batch["response_mask"][row, :length].tolist() == [1] * length
         # Rewards: 1 + 2 + 3, each at its turn's last sampled id.
         assert float(batch["scores"][row]) == 6.0

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridflow.contract import sampled_response_mask
 from hybridflow.metrics.drift import RewardDriftTracker
 from hybridflow.metrics.monitor.config import MonitorConfig
 from hybridflow.metrics.monitor.signals import (
@@ -460,7 +461,7 @@ class TrainingMonitor:
         )
 
     def _entropy(self, rollouts: Batch, metrics: Mapping[str, Any]) -> float | None:
-        """The ``entropy_key`` metric, else ``-mean(rollout_log_probs)`` over response tokens (nats).
+        """The ``entropy_key`` metric, else ``-mean(rollout_log_probs)`` over the sampled tokens (nats).
 
         For tokens sampled from the policy, the mean negative log-prob estimates its entropy.
         """
@@ -468,7 +469,7 @@ class TrainingMonitor:
             return float(metrics[self.config.entropy_key])
         if "rollout_log_probs" not in rollouts or "response_mask" not in rollouts:
             return None
-        sampled = rollouts["rollout_log_probs"][rollouts["response_mask"].bool()]
+        sampled = rollouts["rollout_log_probs"][sampled_response_mask(rollouts)]
         return None if sampled.numel() == 0 else -sampled.double().mean().item()
 
     def _clip_fraction(self, metrics: Mapping[str, Any], out: dict[str, float]) -> list[Alarm]:
