@@ -58,11 +58,13 @@ def synced(request, ray_cluster, policy_dir):
     actor = ActorConfig(
         lr=1e-2, grad_clip=None, param_dtype="float32", ppo_mini_batch_size=PROMPTS * SAMPLING.n, ppo_micro_batch_size=8
     )
+    # Eager: what is checked is which weights the engine holds, not how fast it runs; vLLM's compile
+    # would add most of a minute to every engine start on a fresh clone.
     group, pool = actor_group(
         policy_dir,
         2,
         actor,
-        vllm_rollout(tp),
+        vllm_rollout(tp, enforce_eager=True),
         ReshardingConfig(bucket_bytes=BUCKET_BYTES),
         name=f"sync-tp{tp}",
     )
