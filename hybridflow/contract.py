@@ -63,6 +63,8 @@ COLUMNS: dict[str, str] = {
     "sampled_mask": "[rows, response_len] int64: 1 on the response tokens the rollout engine sampled (those with "
     "a rollout_log_probs entry), 0 on ids a step inserted (an episode's observations) and on padding; without "
     "the column every response token was sampled (`sampled_response_mask`)",
+    "policy_version": "[rows] int64: the policy version (actor updates applied) of the weights the rollout engine "
+    "sampled the row with; written by an engine in a rollout pool of its own (docs/rollout_service.md)",
     "group_ids": "[rows] int64: the prompt each row answers (rows of one prompt share it)",
     "response_text": "non-tensor: each row's decoded response",
 }

@@ -9,7 +9,9 @@ Each rank holds:
 - the **reference policy**: a second FSDP2 model, frozen, optionally kept in host memory between uses.
 
 Generation always goes through the `ReshardingManager`, which streams the actor's current weights
-into the engine and gives the memory back afterwards. Two meshes are published to the controller:
+into the engine and gives the memory back afterwards. With the rollout on a pool of its own
+(``ActorDerived.rollout_split``) the processes hold no engine: `WeightPushing` broadcasts the weights
+to the rollout pool's engines instead (docs/rollout_service.md). Two meshes are published to the controller:
 ``"world"`` (training: dp over all ranks) and ``"infer"`` (generation: dp = world / tp).
 """
 
@@ -84,6 +86,7 @@ from workers.training import (
     sequence_inputs,
     update_micro_batches,
 )
+from workers.weight_push import WeightPushing
 
 __all__ = ["ActorRolloutRefWorker", "sequence_log_probs"]
 
@@ -147,7 +150,7 @@ def _stat_column(name: str) -> str:
     return "old_log_probs" if name == "log_prob" else name
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(WeightPushing, Worker):
     """The policy in both layouts, plus the reference policy.
 
     Args:
@@ -206,6 +209,9 @@ class ActorRolloutRefWorker(Worker):
         if self.ref_model is not None and self.offload_ref:
             offload_fsdp_params(self.ref_model)
         loaded = time.perf_counter()
+        if self.derived.rollout_split:
+            # The engines live in the rollout pool; the weight group's sender feeds them (`WeightPushing`).
+            return {"init/load_s": loaded - start}
         engine = self.derived.engine
         self.engine = build_rollout_engine(self.rollout_config, self.derived.model_path, engine, device=self.device)
         # The manager starts in the training layout: the engine's cache is given back until needed.
@@ -237,6 +243,7 @@ class ActorRolloutRefWorker(Worker):
         `RolloutEngine.generate`; ``meta["rollout_metrics"]`` carries the timing and peak memory of both
         layout switches, reduced over all ranks (the slowest rank's seconds, the largest rank's memory).
         """
+        self.require_colocated_engine("generate_sequences")
         start = time.perf_counter()
         with self.resharder as engine:
             generated = time.perf_counter()
@@ -277,6 +284,7 @@ class ActorRolloutRefWorker(Worker):
         ``meta["rollout_metrics"]`` as in `generate_sequences`, plus the ``agent/*`` metrics of
         `episode_metrics` (counts summed over ranks, the rest averaged, maxima and seconds the largest).
         """
+        self.require_colocated_engine("generate_episodes")
         start = time.perf_counter()
         with self.resharder as engine:
             generated = time.perf_counter()

@@ -230,6 +230,8 @@ class ActorDerived:
         seed: seed of the mini-batch shuffle (``data.seed``).
         with_ref: also hold the frozen reference policy (``RunConfig.needs_reference``).
         engine: the engine's dtype and ``max_model_len``.
+        rollout_split: the engines run in a rollout pool of their own (``resource.placement.rollout``):
+            the actor holds none and pushes its weights over the weight group.
     """
 
     model_path: str
@@ -239,6 +241,7 @@ class ActorDerived:
     seed: int = 0
     with_ref: bool = True
     engine: EngineDerived = field(default_factory=EngineDerived)
+    rollout_split: bool = False
 
 
 @dataclass(frozen=True)
