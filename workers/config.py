@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridflow.config_fields import Dtype, FrozenMap, check_bounds, config_field
+from hybridflow.lora import LoraConfig
 from hybridflow.rollout.config import EngineDerived
 from workers.objective import PolicyObjective
 
@@ -91,11 +92,13 @@ class ActorConfig(OptimizedRoleConfig):
     the trainer's log-probs against the engine's. ``param_offload``/``optimizer_offload`` move the
     parameter shards and the optimizer state to host memory while the engine generates.
     ``logit_chunk_size`` positions of logits are materialised at once in the log-prob forwards (null:
-    all of them).
+    all of them). ``lora`` trains LoRA adapters on the frozen base weights instead of the whole model
+    (`hybridflow.lora.LoraConfig`, docs/lora.md); null trains every weight.
     """
 
     param_offload: bool = False
     optimizer_offload: bool = False
+    lora: LoraConfig | None = None
     policy_loss: str = "ppo_clip"
     clip_eps_low: float | None = _loss_argument(None, ge=0)
     clip_eps_high: float | None = _loss_argument(None, ge=0)

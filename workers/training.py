@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hybridflow.parallel import (
     agree_micro_batch_count,
@@ -243,10 +243,13 @@ def save_training_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     update_steps: int,
     rank: int,
+    trainable_only: bool = False,
 ) -> None:
     """Write ``{prefix}_dcp`` (model and optimizer shards, a torch distributed checkpoint) and
-    ``{prefix}_state.pt`` (schedule, step count) under ``directory``; a collective."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    ``{prefix}_state.pt`` (schedule, step count) under ``directory``; a collective. ``trainable_only``
+    leaves the frozen parameters out (a LoRA actor's base weights)."""
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / f"{prefix}_dcp"))
     if rank == 0:
         torch.save(
@@ -261,8 +264,10 @@ def load_training_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    trainable_only: bool = False,
 ) -> int:
     """Restore what `save_training_state` wrote into the live (sharded) objects; returns the step count.
+    ``trainable_only`` as it was saved: the frozen parameters keep the values they were loaded with.
 
     The optimizer's settings stay those of the config that built ``optimizer`` and ``scheduler``: the
     weights, the optimizer's moments and step count and the schedule's position come from the
@@ -271,10 +276,15 @@ def load_training_state(
     """
     configured = [{key: group[key] for key in _CONFIGURED_SETTINGS} for group in optimizer.param_groups]
     base_lrs = list(scheduler.base_lrs)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory / f"{prefix}_dcp"))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # The frozen parameters are absent from a trainable-only checkpoint, so the load cannot be strict.
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+    )
     saved = torch.load(directory / f"{prefix}_state.pt", weights_only=False)
     scheduler.load_state_dict(saved["scheduler"])
     for group, settings, base_lr in zip(optimizer.param_groups, configured, base_lrs, strict=True):

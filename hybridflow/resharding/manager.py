@@ -31,7 +31,13 @@ largest allocation happens when the training state is already off the device. Wh
 lives in another process, the bucket would be passed as CUDA IPC handles instead of tensors; the
 manager's contract (an iterator of named tensors per switch) stays the same.
 
-Every switch records a `SwitchReport`: seconds, bytes streamed, bytes freed or restored, and peak
+**LoRA.** For a model with LoRA adapters (``lora``), an engine that holds the same adapters
+(``engine.takes_adapters``) gets the adapter tensors alone: only they are gathered and streamed, a few
+MB instead of the model. Any other engine gets full weights with the adapters merged in
+(`hybridflow.lora.merge_adapters`, each layer's ``W + scaling * B A`` as its three tensors arrive), bucket
+by bucket as before; the report says which (``resharding/lora_push_merged``).
+
+Every switch records a `SwitchReport`: seconds, bytes handed to the engine, bytes freed or restored, and peak
 memory (RSS on CPU, allocated memory on GPU).
 
 On CPU, for an engine that holds host memory of its own (``engine.trims_host_memory``: vLLM), each
@@ -50,6 +56,7 @@ import torch
 from torch import nn
 
 from hybridflow.config_fields import check_bounds, config_field
+from hybridflow.lora import LoraConfig, is_adapter_name, merge_adapters
 from hybridflow.parallel.offload import (
     free_gradients,
     load_fsdp_params,
@@ -57,6 +64,7 @@ from hybridflow.parallel.offload import (
     offload_fsdp_params,
     offload_optimizer_state,
 )
+from hybridflow.parallel.weights import tensor_bytes
 from hybridflow.resharding.memory import (
     PeakMemoryTracker,
     current_memory_bytes,
@@ -102,7 +110,8 @@ class SwitchReport:
     Attributes:
         direction: ``"to_inference"`` or ``"to_training"``.
         seconds: wall time of the switch.
-        bytes_streamed: bytes of full weights handed to the engine.
+        bytes_streamed: bytes of weights handed to the engine (adapter tensors alone for an
+            adapter-only push).
         gather_buffers: gather buffers allocated (1 unless a tensor outgrew the buffer or the
             engine still held a slot when the ring came round to it).
         retired_buffers: buffers left to the engine because it still held one of their slots.
@@ -113,6 +122,8 @@ class SwitchReport:
         stream_extra_peak_bytes: how far memory rose above its level just before the weights
             were streamed, while streaming: the cost of the transfer itself (gathered buckets and
             any copy the engine makes), excluding the engine's own KV cache and weights.
+        push: what the engine was handed: ``full`` weights, LoRA ``adapters`` alone, or full weights
+            with the adapters ``merged`` in.
     """
 
     direction: str
@@ -125,13 +136,16 @@ class SwitchReport:
     start_memory_bytes: int
     peak_memory_bytes: int
     stream_extra_peak_bytes: int = 0
+    push: str = "full"
 
     @property
     def extra_peak_bytes(self) -> int:
         return max(0, self.peak_memory_bytes - self.start_memory_bytes)
 
     def metrics(self, prefix: str = "resharding") -> dict[str, float]:
+        lora = {} if self.push == "full" else {f"{prefix}/lora_push_merged": float(self.push == "merged")}
         return {
+            **lora,
             f"{prefix}/{self.direction}_s": self.seconds,
             f"{prefix}/{self.direction}_streamed_mb": self.bytes_streamed / 2**20,
             f"{prefix}/{self.direction}_extra_peak_mb": self.extra_peak_bytes / 2**20,
@@ -152,6 +166,8 @@ class ReshardingManager:
         offload_params: move the FSDP parameter shards to host memory while in the inference layout.
         offload_optimizer: move optimizer state to host memory while in the inference layout.
         weight_dtype: cast streamed weights to this dtype (the engine's), or keep them as they are.
+        lora: the model's LoRA adapters, if it has any: the push carries the adapters alone to an engine
+            that takes them, else full weights with the adapters merged in.
     """
 
     def __init__(
@@ -165,6 +181,7 @@ class ReshardingManager:
         offload_params: bool = False,
         offload_optimizer: bool = False,
         weight_dtype: torch.dtype | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.model = model
         self.engine = engine
@@ -177,6 +194,9 @@ class ReshardingManager:
         self.reports: list[SwitchReport] = []
         self._streamer = WeightStreamer(config.bucket_bytes, device, weight_dtype)
         self._trims_host_memory = device.type == "cpu" and engine.trims_host_memory
+        self.lora = lora
+        self.push = "full" if lora is None else "adapters" if engine.takes_adapters else "merged"
+        self._pushed_bytes = 0
 
     def __enter__(self) -> RolloutEngine:
         self.to_inference()
@@ -208,7 +228,7 @@ class ReshardingManager:
         report = SwitchReport(
             "to_inference",
             time.perf_counter() - start,
-            self._streamer.bytes_streamed,
+            self._pushed_bytes,
             self._streamer.buffers_allocated,
             self._streamer.retired_buffers,
             engine_bytes,
@@ -216,6 +236,7 @@ class ReshardingManager:
             switch_start,
             max(before_stream_peak, tracker.peak_bytes),
             stream_extra,
+            self.push,
         )
         self.layout = "inference"
         self.reports.append(report)
@@ -249,9 +270,20 @@ class ReshardingManager:
         return report
 
     def _stream_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        weights = self._streamer.stream(self.model)
+        weights = self._streamer.stream(self.model, is_adapter_name if self.push == "adapters" else None)
+        if self.push == "merged":
+            assert self.lora is not None
+            weights = merge_adapters(weights, self.lora.scaling)
+        weights = self._counted(weights)
         if not self._trims_host_memory:
             return weights
         # The gather buffer itself is one bucket; allow the engine's transients one more.
         ceiling = current_memory_bytes(self.device) + 2 * self.config.bucket_bytes
         return trim_host_memory_above(weights, ceiling)
+
+    def _counted(self, weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """``weights`` as they are, counting their bytes into ``_pushed_bytes``."""
+        self._pushed_bytes = 0
+        for name, tensor in weights:
+            self._pushed_bytes += tensor_bytes(tensor)
+            yield name, tensor

@@ -19,7 +19,7 @@ engine derives from one keeps it, and its slot, alive.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -101,15 +101,21 @@ class WeightStreamer:
         self._slots: list[_Slot] = []
         self._offset = 0
 
-    def stream(self, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    def stream(
+        self, model: nn.Module, select: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """The model's full weights under Hugging Face names, in ``state_dict`` order.
 
+        ``select`` (a test of the Hugging Face name, the same on every rank) keeps only some entries:
+        the LoRA adapters alone (`hybridflow.lora.is_adapter_name`), say; the others are not gathered.
         The gather buffer lives until the iterator is exhausted (or closed) and is then dropped.
         """
         self.bytes_streamed = self.buffers_allocated = self.retired_buffers = 0
         reshard_all(model)
         try:
             for fqn, value in model.state_dict(keep_vars=True).items():
+                if select is not None and not select(hf_param_name(fqn)):
+                    continue
                 with torch.no_grad():
                     full = self._gather(value) if _is_dim0_sharded(value) else self._unsharded(value)
                 self.bytes_streamed += tensor_bytes(full)

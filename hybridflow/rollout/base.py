@@ -42,11 +42,15 @@ class RolloutEngine(ABC):
             its weight copy, the reload's transient copies, its KV cache). False where the engine
             decodes with the training process's own tensors and allocator (the HF engine): a trim
             there only makes the next phase fault all its pages in again.
+        takes_adapters: whether the engine holds LoRA adapters of its own (built with the actor's
+            ``actor.lora``), so that `update_weights` takes the adapter tensors alone (names as
+            `hybridflow.lora.is_adapter_name`); False: it takes full weights (merged ones for a LoRA actor).
     """
 
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     trims_host_memory: ClassVar[bool] = True
+    takes_adapters: bool = False
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from hybridflow.lora import LoraConfig
 from hybridflow.models.io import load_causal_lm, read_special_token_ids
 from hybridflow.parallel.device import process_group_device_plan
 from hybridflow.parallel.varlen_attention import VARLEN_SDPA
@@ -28,6 +29,7 @@ def build_rollout_engine(
     eos_token_ids: Sequence[int] | None = None,
     pad_token_id: int | None = None,
     device: torch.device | str | None = None,
+    lora: LoraConfig | None = None,
 ) -> RolloutEngine:
     """Build the engine ``config.engine`` names, on the weights in the HF directory ``model_path``.
 
@@ -44,6 +46,8 @@ def build_rollout_engine(
             else ``cpu``). The model is moved there, a given ``model`` included. A model loaded here
             for the CPU attends through `hybridflow.parallel.VARLEN_SDPA` (grouped KV heads stay
             shared under the padding mask); a given ``model`` keeps its attention.
+        lora: build the engine with these LoRA adapters (zero until the first push), so that a weight
+            push carries the adapter tensors alone (``RolloutEngine.takes_adapters``); None: full weights.
 
     The ``"vllm"`` engine needs an initialised torch.distributed process group and must be built
     on every rank at once (see ``VLLMRolloutEngine``); vLLM is imported only for it.
@@ -57,7 +61,7 @@ def build_rollout_engine(
     if config.engine == "vllm":
         from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(model_path, config, derived, eos, pad)
+        return VLLMRolloutEngine(model_path, config, derived, eos, pad, lora=lora)
     if config.tp_size != 1:
         raise ValueError("rollout.tp_size must be 1 for the hf engine (every rank generates alone)")
     target = torch.device(device if device is not None else process_group_device_plan().device)
@@ -69,5 +73,10 @@ def build_rollout_engine(
             model.set_attn_implementation(VARLEN_SDPA)
     model = model.to(target)
     return HFRolloutEngine(
-        model, eos, pad, seed=config.seed + data_parallel_rank(1), max_batch_rows=config.hf_max_batch_rows
+        model,
+        eos,
+        pad,
+        seed=config.seed + data_parallel_rank(1),
+        max_batch_rows=config.hf_max_batch_rows,
+        lora=lora,
     )

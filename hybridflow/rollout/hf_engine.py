@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from hybridflow.lora import LoraConfig, add_adapters
 from hybridflow.protocol import Batch
 from hybridflow.rollout.base import RolloutEngine, SampledTokens
 from hybridflow.rollout.logprobs import filter_logits
@@ -106,6 +107,8 @@ class HFRolloutEngine(RolloutEngine):
             cache and the ``[rows, vocab]`` logits held at once.
         kept_cache_bytes: most bytes of per-sample KV caches that `continue_token_lists` keeps between
             calls (oldest dropped first; 0 keeps none, so every continuation prefills its whole prefix).
+        lora: add these LoRA adapters to the model (`hybridflow.lora.add_adapters`, ``B`` zero until the
+            first push); `update_weights` then takes the adapter tensors alone (``takes_adapters``).
     """
 
     # Weights are copied in place and decoding allocates from the heap the update freed. Trimming it
@@ -121,9 +124,13 @@ class HFRolloutEngine(RolloutEngine):
         seed: int = 0,
         max_batch_rows: int = 256,
         kept_cache_bytes: int = 1 << 30,
+        lora: LoraConfig | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids must name at least one token")
+        if lora is not None:
+            add_adapters(model, lora)
+        self.takes_adapters = lora is not None
         self.model = model.eval()
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import get_args
 
 import torch
 import torch.distributed as dist
 from vllm import LLM
 from vllm import SamplingParams as VLLMSamplingParams
+from vllm.config.lora import MaxLoRARanks
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
+from hybridflow.lora import LoraConfig, save_peft_adapter
 from hybridflow.protocol import Batch
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import EngineDerived, RolloutConfig
@@ -105,6 +111,10 @@ class VLLMRolloutEngine(RolloutEngine):
         eos_token_ids: tokens that end a sample. Passed to vLLM explicitly because without a
             tokenizer vLLM knows no end-of-sequence token.
         pad_token_id: fills responses past their end.
+        lora: serve these LoRA adapters on the base weights of ``model_path`` (vLLM's ``enable_lora``,
+            which the CPU build supports): `update_weights` then takes the adapter tensors alone, writes
+            them as a PEFT adapter directory of this rank's own and serves every later request with
+            them under a new adapter id, so no request can see the previous adapter's cached copy.
     """
 
     def __init__(
@@ -114,6 +124,7 @@ class VLLMRolloutEngine(RolloutEngine):
         derived: EngineDerived,
         eos_token_ids: Sequence[int],
         pad_token_id: int,
+        lora: LoraConfig | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -129,6 +140,11 @@ class VLLMRolloutEngine(RolloutEngine):
         seed = config.seed + data_parallel_rank(config.tp_size)
         self._seeds = SeedStream(seed)
         self._on_cpu = current_platform.is_cpu()
+        self._model_path = str(model_path)
+        self._lora = lora
+        self.takes_adapters = lora is not None
+        self._lora_request: LoRARequest | None = None
+        self._adapter_root = Path(tempfile.mkdtemp(prefix=f"hybridflow-lora-{dist.get_rank()}-")) if lora else None
         _prepare_environment(config)
         platform_args = (
             {
@@ -159,6 +175,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # An embedding session asks for the whole vocabulary's log-probs (-1: no limit).
             max_logprobs=-1 if config.enable_prompt_embeds else 20,
             **platform_args,
+            **_lora_args(lora),
         )
         # CPU only: (storage, allocated bytes) of the KV cache, freed and restored by release/resume.
         self._kv_storages: list[tuple[torch.UntypedStorage, int]] = (
@@ -208,6 +225,7 @@ class VLLMRolloutEngine(RolloutEngine):
             [{"prompt_token_ids": tokens} for tokens in token_lists],
             self._request_params(sampling, len(token_lists)),
             use_tqdm=False,
+            lora_request=self._lora_request,
         )
         responses: list[list[int]] = []
         log_probs: list[list[float]] = []
@@ -254,7 +272,10 @@ class VLLMRolloutEngine(RolloutEngine):
             n=1, temperature=0.0, max_tokens=1, logprobs=-1, flat_logprobs=True, detokenize=False
         )
         outputs = self._llm.generate(
-            [{"prompt_embeds": row.detach().to("cpu", dtype)} for row in prompt_embeds], params, use_tqdm=False
+            [{"prompt_embeds": row.detach().to("cpu", dtype)} for row in prompt_embeds],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
         )
         vocab = self._vocab_size
         dense = torch.full((len(outputs), vocab), float("-inf"))
@@ -274,14 +295,33 @@ class VLLMRolloutEngine(RolloutEngine):
         ``reload_weights`` runs the checkpoint loaders (TP sharding, fusing q/k/v and gate/up, the CPU
         build's weight prepacking) and copies the result into the existing parameter storage. The
         plain ``model.load_weights`` skips the prepacking on CPU and leaves stale weights in use.
-        Every rank of a TP group passes the same full tensors; each keeps its shard.
+        Every rank of a TP group passes the same full tensors; each keeps its shard. An engine built
+        with ``lora`` takes the adapter tensors alone (`_load_adapters`).
         """
+        if self._lora is not None:
+            self._load_adapters(weights)
+            return
         if not self._on_cpu and self._released:
             self._llm.wake_up(tags=["weights"])
         # In-process executor: the iterator reaches the model runner as is, consumed tensor by tensor.
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         # Cached prefixes hold keys/values computed with the old weights.
         self._llm.reset_prefix_cache()
+
+    def _load_adapters(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write the pushed adapter tensors as a PEFT directory and serve it under the next adapter id.
+
+        vLLM caches an adapter by its id, so a new version needs a new id; the previous directory is
+        removed (its adapter is already in vLLM's memory, and is evicted when the new one loads).
+        """
+        assert self._lora is not None and self._adapter_root is not None
+        version = 1 if self._lora_request is None else self._lora_request.lora_int_id + 1
+        # Copies: the pushed tensors live in the streamer's reused buffer.
+        adapters = {name: tensor.detach().clone() for name, tensor in weights}
+        target = save_peft_adapter(self._adapter_root / f"v{version}", adapters, self._lora, self._model_path)
+        if self._lora_request is not None:
+            shutil.rmtree(self._lora_request.lora_path, ignore_errors=True)
+        self._lora_request = LoRARequest(f"policy-v{version}", version, str(target))
 
     def release(self) -> int:
         """Free the KV cache (CPU: resize its storages to 0 bytes; GPU: vLLM sleep level 1, which also
@@ -317,6 +357,17 @@ class VLLMRolloutEngine(RolloutEngine):
         self._llm.reset_prefix_cache()
         self._released = False
         return restored
+
+
+def _lora_args(lora: LoraConfig | None) -> dict[str, object]:
+    """``vllm.LLM`` arguments that make room for one adapter of ``lora``'s rank (vLLM takes a rank
+    from a fixed list: the smallest one that fits)."""
+    if lora is None:
+        return {}
+    fitting = [rank for rank in get_args(MaxLoRARanks) if rank >= lora.rank]
+    if not fitting:
+        raise ValueError(f"actor.lora.rank {lora.rank} exceeds vLLM's largest adapter rank {get_args(MaxLoRARanks)[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1, "max_cpu_loras": 1}
 
 
 class VLLMEmbeddingSession:
