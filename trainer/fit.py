@@ -20,27 +20,39 @@ progress bar), the training monitor and checkpoints.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+import torch
+
 from hybridflow.metrics import step_metrics, throughput_metrics
+from hybridflow.metrics.efficiency import MachinePeak, device_name, load_machine_peak, phase_efficiency
 from hybridflow.metrics.monitor import TrainingAlarm
+from hybridflow.planning import ModelShape
 from hybridflow.protocol import Batch
+from hybridflow.row_order import carries_advantage
+from trainer.config import ConfigError
+from trainer.plan import policy_shape
 from trainer.runtime import Runtime
 from trainer.steps import GENERATED_METRIC
 from trainer.validation import validate
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Evaluate",
     "Every",
     "LogProbGapError",
+    "MachineLimits",
     "Progress",
     "StepFn",
     "StopAt",
     "check_sync",
     "configured_validation",
     "fit",
+    "machine_limits",
     "run_step",
 ]
 
@@ -138,6 +150,7 @@ def fit(
     # The start-up report (``startup/*``) goes with the first record: the evaluation before training,
     # else the first step.
     startup: dict[str, float] = {}
+    limits = machine_limits(runtime)
     progress = Progress(steps=runtime.step)
     if evaluate is not None and config.val_before_train and runtime.step == 0:
         last_eval = evaluate(runtime, progress)
@@ -150,7 +163,7 @@ def fit(
         before = progress
         runtime.begin_step()
         try:
-            metrics = {**run_step(runtime, step, runtime.next_prompts()), **startup}
+            metrics = {**run_step(runtime, step, runtime.next_prompts(), limits), **startup}
             startup = {}
         except TrainingAlarm as alarm:
             # monitor.stop_on_alarm: the step has trained; keep it, and a checkpoint to look at or resume.
@@ -178,13 +191,16 @@ def configured_validation(runtime: Runtime, progress: Progress) -> dict[str, flo
     return validate(runtime)
 
 
-def run_step(runtime: Runtime, step: StepFn, prompts: Batch) -> dict[str, float]:
+def run_step(
+    runtime: Runtime, step: StepFn, prompts: Batch, limits: MachineLimits | None = None
+) -> dict[str, float]:
     """One timed run of ``step`` on ``prompts`` (the runtime's current step); returns its metrics.
 
     The metrics are what the step recorded (``runtime.record``), the metrics of the returned rollouts
     (scores, advantages, lengths, groups, truncation, the sync gap when both log-prob columns are
-    there), phase timings, throughput and the training monitor's ``monitor/*`` (which warns on the
-    console when an alarm fires). Raises `LogProbGapError` when the gap exceeds
+    there), phase timings, throughput, each phase against the machine's peak when ``limits`` is given
+    (``perf/mfu_*``, ``perf/generation_bandwidth_frac``: `hybridflow.metrics.efficiency`) and the
+    training monitor's ``monitor/*`` (which warns on the console when an alarm fires). Raises `LogProbGapError` when the gap exceeds
     ``resharding.max_log_prob_gap``, and `TrainingAlarm` when an alarm fires under
     ``monitor.stop_on_alarm``.
     """
@@ -201,6 +217,8 @@ def run_step(runtime: Runtime, step: StepFn, prompts: Batch) -> dict[str, float]
         **runtime.timer.metrics(),
         **_throughput(runtime, rollouts),
     }
+    if limits is not None:
+        metrics.update(_efficiency(runtime, rollouts, metrics, limits))
     check_sync(metrics, runtime.config.resharding.max_log_prob_gap, runtime.step)
     metrics.update(runtime.monitor.observe(runtime.step, rollouts, metrics))
     return metrics
@@ -228,4 +246,69 @@ def _throughput(runtime: Runtime, rollouts: Batch) -> dict[str, float]:
         step_seconds=runtime.timer.step_seconds or 0.0,
         generation_seconds=runtime.timer.seconds.get("generation"),
         world_size=runtime.sizes.world_size,
+    )
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    """What `run_step` holds each phase against: the policy's ``shape``, the machine's measured ``peak``,
+    the training layout's ``compute_dtype``, the engine's ``engine_dtype`` and the number of ``engines``."""
+
+    shape: ModelShape
+    peak: MachinePeak
+    compute_dtype: str
+    engine_dtype: str
+    engines: int
+
+
+def machine_limits(runtime: Runtime) -> MachineLimits | None:
+    """The run's `MachineLimits`, from the peak stored for its device in ``trainer.machine_peak_file``
+    (``python benchmarks/bench_machine_peak.py`` measures and stores it); ``None``, said in the log, when
+    that device has no stored peak or the policy's shape is not one the planner knows."""
+    config = runtime.config
+    on_gpu = config.resource.use_gpu
+    if on_gpu and not torch.cuda.is_available():
+        return None  # a driver without a GPU cannot name the workers' device
+    device = device_name("cuda" if on_gpu else "cpu")
+    peak = load_machine_peak(device, config.trainer.machine_peak_file)
+    if peak is None:
+        logger.info(
+            "perf/mfu_* not reported: no measured peak for %r in %s (python benchmarks/bench_machine_peak.py)",
+            device,
+            config.trainer.machine_peak_file,
+        )
+        return None
+    try:
+        shape = policy_shape(config)
+    except ConfigError as error:
+        logger.info("perf/mfu_* not reported: %s", error)
+        return None
+    return MachineLimits(
+        shape=shape,
+        peak=peak,
+        compute_dtype=config.actor.param_dtype or ("bfloat16" if on_gpu else "float32"),
+        engine_dtype=config.rollout.dtype or config.model.dtype,
+        engines=runtime.sizes.world_size // config.rollout.tp_size,
+    )
+
+
+def _efficiency(
+    runtime: Runtime, rollouts: Batch, metrics: dict[str, float], limits: MachineLimits
+) -> dict[str, float]:
+    if "response_mask" not in rollouts or "attention_mask" not in rollouts:
+        return {}
+    # Rows without advantage are left out of the update where actor.skip_zero_advantage_rows allows.
+    skipped = "actor/rows_skipped" in metrics and "advantages" in rollouts
+    updated = carries_advantage(rollouts) if skipped else torch.ones(len(rollouts), dtype=torch.bool)
+    return phase_efficiency(
+        limits.shape,
+        limits.peak,
+        runtime.timer.seconds,
+        prompt_lengths=rollouts["attention_mask"].sum(-1),
+        response_lengths=rollouts["response_mask"].sum(-1),
+        updated_rows=updated,
+        update_passes=runtime.config.actor.ppo_epochs,
+        compute_dtype=limits.compute_dtype,
+        engine_dtype=limits.engine_dtype,
+        engines=limits.engines,
     )

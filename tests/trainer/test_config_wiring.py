@@ -38,6 +38,7 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "critic": ("workers", "trainer"),
     "ref": ("workers", "trainer"),
     "reward_model": ("workers", "trainer"),
+    "teacher": ("workers", "trainer"),
     "reward": ("hybridflow/rewards", "trainer"),
     "resharding": ("hybridflow/resharding", "workers/actor.py", "trainer"),
     "monitor": ("hybridflow/metrics/monitor",),
@@ -83,6 +84,7 @@ RUNTIME_READS: dict[str, str] = {
     "trainer.existing_output": "config.trainer.existing_output",
     "trainer.loggers": "config.trainer.loggers",
     "trainer.console": "config.trainer.console",
+    "trainer.machine_peak_file": "config.trainer.machine_peak_file",
     "trainer.project": "config.trainer.project",
     "trainer.experiment": "config.trainer.experiment",
     "trainer.output_dir": "config.trainer.output_dir",
@@ -109,6 +111,7 @@ CHANGED: dict[str, str] = {
     "resource.pools.<name>.nodes": "resource.pools.extra.nodes=2",
     "resource.pools.<name>.slots_per_node": "resource.pools.extra.slots_per_node=2",
     "resource.placement": "resource.placement={critic: extra}",
+    "trainer.machine_peak_file": "trainer.machine_peak_file={root}/peaks.json",
 }
 
 

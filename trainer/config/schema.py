@@ -18,6 +18,7 @@ from typing import Any, Literal
 from hybridflow.agents.config import AgentConfig
 from hybridflow.algos import ADVANTAGE_ESTIMATORS
 from hybridflow.config_fields import Dtype, FrozenMap, config_field
+from hybridflow.metrics.efficiency import DEFAULT_PEAK_FILE
 from hybridflow.metrics.monitor import MonitorConfig
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rewards.config import RewardConfig, ShapingSpec
@@ -194,6 +195,8 @@ class TrainerConfig:
     ``archive`` (move them into a dated subfolder) or ``delete`` (`trainer.run_folder`). ``console``: ``quiet`` sends the engine's and Ray's output to ``<output_dir>/logs`` and keeps
     the console to the progress bar, the metric lines and real warnings
     (`hybridflow.metrics.log_routing`); ``verbose`` leaves every process's output on the console.
+    ``machine_peak_file`` holds the machine's measured peaks (``python benchmarks/bench_machine_peak.py``);
+    with an entry for the run's device, every step reports each phase's fraction of it (``perf/mfu_*``).
     """
 
     total_epochs: int = config_field(1, ge=1)
@@ -210,6 +213,7 @@ class TrainerConfig:
     output_dir: str = "outputs/${trainer.project}/${trainer.experiment}"
     wandb_mode: Literal["online", "offline", "disabled"] = "offline"
     console: Literal["quiet", "verbose"] = "quiet"
+    machine_peak_file: str = DEFAULT_PEAK_FILE
 
 
 @dataclass(frozen=True)
