@@ -19,6 +19,7 @@ from trainer.config import GLOBAL_POOL, DerivedSizes, RunConfig, derive_values
 from workers.actor import ActorRolloutRefWorker
 from workers.critic import CriticWorker
 from workers.reward_model import RewardModelWorker
+from workers.teacher import TeacherWorker
 
 __all__ = [
     "SHIPPED_WORKER_CLASSES",
@@ -50,6 +51,7 @@ SHIPPED_WORKER_CLASSES: dict[str, type[Worker]] = {
     "actor_rollout": ActorRolloutRefWorker,
     "critic": CriticWorker,
     "reward_model": RewardModelWorker,
+    "teacher": TeacherWorker,
 }
 """The class each role runs unless a recipe supplies a subclass (`build_worker_groups`)."""
 
@@ -97,7 +99,7 @@ def role_specs(
     """How each role the run needs is constructed: its class (`worker_class`), its config sections and
     the values derived for it. The actor/rollout worker takes ``actor``, ``ref``, ``rollout``,
     ``resharding`` and `ActorDerived`; the critic ``critic`` and `CriticDerived`; the reward model
-    ``reward_model`` and ``model.dtype``."""
+    ``reward_model`` and ``model.dtype``; the teacher ``teacher`` and ``model.dtype``."""
     values = derive_values(config, sizes, total_steps, model_dir)
     roles = {
         "actor_rollout": RoleSpec(
@@ -111,6 +113,8 @@ def role_specs(
         roles["reward_model"] = RoleSpec(
             worker_class("reward_model", worker_classes), (config.reward_model, config.model.dtype)
         )
+    if config.teacher is not None:
+        roles["teacher"] = RoleSpec(worker_class("teacher", worker_classes), (config.teacher, config.model.dtype))
     return roles
 
 

@@ -31,6 +31,7 @@ from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
 from trainer.run_folder import RunStart, open_run
+from workers.teacher import check_same_vocabulary
 
 __all__ = ["Runtime"]
 
@@ -54,7 +55,8 @@ class Runtime:
 
     Attributes:
         run: the run's identity (written into every checkpoint) and the checkpoint it resumes from.
-        actor, critic, reward_model: the worker groups (``critic`` and ``reward_model`` may be None).
+        actor, critic, reward_model, teacher: the worker groups (``critic``, ``reward_model`` and
+            ``teacher`` may be None).
         total_steps: the run's length in steps (``trainer.total_steps``, else ``trainer.total_epochs``
             epochs of prompts); the learning-rate schedule and the progress bar span it.
         step: the last step started (`begin_step`; 0 before training; `resume` sets a checkpoint's).
@@ -65,7 +67,8 @@ class Runtime:
         startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
-            slowest rank's model load and FSDP2 wrap; ``critic`` and ``reward_model`` likewise),
+            slowest rank's model load and FSDP2 wrap; ``critic``, ``reward_model`` and ``teacher``
+            likewise),
             ``engine`` (the rest of the load call: the rollout engine's start; the reward workers start
             alongside), ``loggers``; `trainer.fit.fit` adds ``resume`` and ``validation`` and logs
             ``startup/*`` once, before the first step.
@@ -90,6 +93,9 @@ class Runtime:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = prepare_model_dir(config, self.output_dir)
         self.tokenizer = load_tokenizer(config, self.model_dir)
+        if config.teacher is not None and config.teacher.path is not None:
+            # The teacher reads the student's token ids: a vocabulary mismatch fails here, before Ray.
+            check_same_vocabulary(self.tokenizer, config.model.tokenizer or self.model_dir, config.teacher.path)
         data = config.data
         self.train_data = PromptDataset(
             data.train_files, self.tokenizer, data.max_prompt_length, prompt_key=data.prompt_key
@@ -154,6 +160,7 @@ class Runtime:
             self.actor: RayWorkerGroup = self.groups["actor_rollout"]
             self.critic: RayWorkerGroup | None = self.groups.get("critic")
             self.reward_model: RayWorkerGroup | None = self.groups.get("reward_model")
+            self.teacher: RayWorkerGroup | None = self.groups.get("teacher")
             self.logger = create_logger(
                 config.trainer.loggers,
                 output_dir=self.output_dir,
@@ -264,6 +271,7 @@ _LOAD_REPORTS = {
     "actor_rollout": ("model", "init/load_s"),
     "critic": ("critic", "init/critic_load_s"),
     "reward_model": ("reward_model", "init/reward_model_load_s"),
+    "teacher": ("teacher", "init/teacher_load_s"),
 }
 """Per role: the start-up part its model loading counts towards, and the key of its ``init_model`` report."""
 

@@ -62,6 +62,7 @@ __all__ = [
     "sampling_from",
     "sampling_params",
     "score",
+    "teacher_log_probs",
     "update_actor",
     "update_columns",
     "update_critic",
@@ -259,6 +260,19 @@ def ref_log_probs(runtime: Runtime, rollouts: Batch) -> Batch:
     with runtime.timer.phase("ref"):
         return runtime.actor.compute_ref_log_prob(
             actor_batch(runtime, rollouts, *MODEL_INPUTS), temperature=runtime.config.rollout.temperature
+        )
+
+
+@step_columns(reads=MODEL_INPUTS, writes=("teacher_log_probs",))
+def teacher_log_probs(runtime: Runtime, rollouts: Batch) -> Batch:
+    """``teacher_log_probs [batch, response_len]`` (nats) of the sampled response tokens under the
+    frozen teacher (the ``teacher`` section; docs/distillation.md), at the sampling temperature as
+    ``ref_log_probs`` is; timed as the ``teacher`` phase."""
+    if runtime.teacher is None:
+        raise RuntimeError("teacher_log_probs: the run has no teacher (set the teacher section of the config)")
+    with runtime.timer.phase("teacher"):
+        return runtime.teacher.compute_teacher_log_prob(
+            rollouts.select(*MODEL_INPUTS, meta=False), temperature=runtime.config.rollout.temperature
         )
 
 

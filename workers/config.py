@@ -1,6 +1,6 @@
-"""The worker roles' sections of a run config (``actor``, ``critic``, ``ref``, ``reward_model``), which
-are the workers' own settings, and what each role takes from outside its section (`ActorDerived`,
-`CriticDerived`: computed once by ``trainer.config.derive_values``, never written back).
+"""The worker roles' sections of a run config (``actor``, ``critic``, ``ref``, ``reward_model``,
+``teacher``), which are the workers' own settings, and what each role takes from outside its section
+(`ActorDerived`, `CriticDerived`: computed once by ``trainer.config.derive_values``, never written back).
 
 docs/config.md describes every key. Batch sizes count rows (responses), not prompts.
 """
@@ -25,6 +25,7 @@ __all__ = [
     "OptimizedRoleConfig",
     "RefConfig",
     "RewardModelConfig",
+    "TeacherConfig",
 ]
 
 
@@ -212,6 +213,37 @@ class RewardModelConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "reward_model")
+
+    @property
+    def token_budget(self) -> int | None:
+        """Valid tokens per forward and rank under ``dynamic_batching``; None without it."""
+        return self.max_tokens_per_micro_batch if self.dynamic_batching else None
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """The ``teacher`` section: a frozen model that scores the student's sampled tokens (on-policy
+    distillation). ``path`` is a local Hugging Face causal-LM directory whose tokenizer is the actor's.
+
+    The model is FSDP2-sharded over the ranks of its pool and runs forwards only,
+    ``forward_micro_batch_size`` rows per rank, or ``max_tokens_per_micro_batch`` tokens with
+    ``dynamic_batching``. ``param_dtype`` is the compute dtype (null: bf16 on GPU, fp32 on CPU); the
+    weights load in ``model.dtype``. ``use_packing`` packs each forward's valid tokens into one row;
+    ``logit_chunk_size`` positions of logits are materialised at once (null: all of them).
+    ``param_offload`` keeps the shards in host memory between uses.
+    """
+
+    path: str | None = None
+    forward_micro_batch_size: int = config_field(8, ge=1)
+    dynamic_batching: bool = False
+    max_tokens_per_micro_batch: int = config_field(8192, ge=1)
+    param_dtype: Dtype | None = None
+    use_packing: bool = True
+    logit_chunk_size: int | None = config_field(1024, ge=1)
+    param_offload: bool = False
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "teacher")
 
     @property
     def token_budget(self) -> int | None:

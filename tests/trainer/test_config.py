@@ -20,12 +20,14 @@ from hybridflow.data import write_rows
 from tests.trainer._config_docs import documented_defaults
 from trainer.config import (
     CONFIG_DIR,
+    ROLES,
     ConfigError,
     CriticConfig,
     PoolConfig,
     RewardModelConfig,
     RunConfig,
     ShapingSpec,
+    TeacherConfig,
     config_from_dict,
     config_to_dict,
     derive_sizes,
@@ -277,7 +279,7 @@ def test_split_placement_is_checked(data_files):
     )
     assert problems == (
         "resource.placement.critic: unknown pool 'gpus'; pools: global, gpu",
-        "resource.placement.critc: unknown role; did you mean 'critic'? roles: actor_rollout, critic, reward_model",
+        f"resource.placement.critc: unknown role; did you mean 'critic'? roles: {', '.join(ROLES)}",
     )
 
 
@@ -383,7 +385,7 @@ def test_reward_model_problems_name_their_keys(data_files, tmp_path):
 def test_the_old_reward_role_name_points_at_the_reward_model(data_files):
     (problem,) = problems_of(GRPO, [*data_files, "resource.placement.reward=global"])
     assert problem == (
-        "resource.placement.reward: unknown role; did you mean 'reward_model'? roles: actor_rollout, critic, reward_model"
+        f"resource.placement.reward: unknown role; did you mean 'reward_model'? roles: {', '.join(ROLES)}"
     )
 
 
@@ -492,10 +494,11 @@ def _leaf_defaults(cls: type, prefix: str) -> dict[str, object]:
 def test_docs_give_every_key_with_its_default():
     documented = documented_defaults()
     defaults = _leaf_defaults(RunConfig, "")
-    del defaults["critic"], defaults["reward_model"], defaults["agent"]
+    del defaults["critic"], defaults["reward_model"], defaults["teacher"], defaults["agent"]
     defaults.update(_leaf_defaults(AgentConfig, "agent"))
     defaults.update(_leaf_defaults(CriticConfig, "critic"))
     defaults.update(_leaf_defaults(RewardModelConfig, "reward_model"))
+    defaults.update(_leaf_defaults(TeacherConfig, "teacher"))
     defaults.update(_leaf_defaults(ShapingSpec, "reward.shaping[]"))
     defaults.update(_leaf_defaults(PoolConfig, "resource.pools.<name>"))
     missing = sorted(set(defaults) - set(documented))

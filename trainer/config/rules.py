@@ -51,6 +51,7 @@ def check_rules(config: RunConfig, problems: Problems) -> None:
     _check_trainer(config, problems)
     _check_reward(config.reward, problems)
     _check_reward_model(config, problems)
+    _check_teacher(config, problems)
     _check_agent(config, problems)
 
 
@@ -271,6 +272,7 @@ def _check_roles(config: RunConfig, problems: Problems) -> None:
         ("ref", config.ref),
         ("critic", config.critic),
         ("reward_model", config.reward_model),
+        ("teacher", config.teacher),
     ]
     for section, role in batching:
         if role is not None and role.dynamic_batching and role.max_tokens_per_micro_batch < longest:
@@ -394,6 +396,16 @@ def _check_reward_model(config: RunConfig, problems: Problems) -> None:
         problems.add("reward_model.tokenizer", f"directory {reward_model.tokenizer!r} not found")
     if not math.isfinite(reward_model.weight):
         problems.add("reward_model.weight", f"must be a finite number, got {reward_model.weight}")
+
+
+def _check_teacher(config: RunConfig, problems: Problems) -> None:
+    teacher = config.teacher
+    if teacher is None:
+        return
+    if teacher.path is None:
+        problems.add("teacher.path", "required: a local causal-LM model directory (or set teacher to null)")
+    elif not Path(teacher.path).is_dir():
+        problems.add("teacher.path", f"directory {teacher.path!r} not found")
 
 
 def _check_agent(config: RunConfig, problems: Problems) -> None:

@@ -2,7 +2,7 @@
 beside each field.
 
 The sections a component consumes are that component's own classes, defined where it lives (``rollout``:
-``hybridflow.rollout``; ``actor``, ``critic``, ``ref``, ``reward_model``: ``workers.config``;
+``hybridflow.rollout``; ``actor``, ``critic``, ``ref``, ``reward_model``, ``teacher``: ``workers.config``;
 ``reward``: ``hybridflow.rewards``; ``resharding``: ``hybridflow.resharding``; ``monitor``:
 ``hybridflow.metrics.monitor``; ``agent``: ``hybridflow.agents``). The sections the trainer itself reads are defined here. docs/config.md
 describes every key. Batch sizes count rows (responses) unless named after prompts.
@@ -23,7 +23,14 @@ from hybridflow.metrics.monitor import MonitorConfig
 from hybridflow.resharding.manager import ReshardingConfig
 from hybridflow.rewards.config import RewardConfig, ShapingSpec
 from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
-from workers.config import ActorConfig, CriticConfig, OptimizedRoleConfig, RefConfig, RewardModelConfig
+from workers.config import (
+    ActorConfig,
+    CriticConfig,
+    OptimizedRoleConfig,
+    RefConfig,
+    RewardModelConfig,
+    TeacherConfig,
+)
 
 __all__ = [
     "GLOBAL_POOL",
@@ -45,12 +52,13 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "ShapingSpec",
+    "TeacherConfig",
     "TinyModelConfig",
     "TrainerConfig",
     "ValSamplingConfig",
 ]
 
-ROLES = ("actor_rollout", "critic", "reward_model")
+ROLES = ("actor_rollout", "critic", "reward_model", "teacher")
 """Worker roles that ``resource.placement`` can map to a resource pool.
 
 The reference policy lives in the ``actor_rollout`` processes and the rule-based reward functions in the
@@ -219,9 +227,11 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class RunConfig:
     """The whole run. ``critic`` null means no critic (required when the estimator is ``gae``);
-    ``reward_model`` null means no reward model (the reward functions alone score). ``agent`` null means
-    single-turn rollouts; set, each prompt starts multi-turn episodes (docs/agents.md). ``recipe`` holds a
-    recipe's own settings, read and checked by the recipe (`trainer.config.recipe_settings`)."""
+    ``reward_model`` null means no reward model (the reward functions alone score); ``teacher`` null
+    means no teacher (set, a frozen model of its own path scores the sampled tokens: docs/distillation.md).
+    ``agent`` null means single-turn rollouts; set, each prompt starts multi-turn episodes
+    (docs/agents.md). ``recipe`` holds a recipe's own settings, read and checked by the recipe
+    (`trainer.config.recipe_settings`)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -231,6 +241,7 @@ class RunConfig:
     critic: CriticConfig | None = None
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig | None = None
+    teacher: TeacherConfig | None = None
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     resource: ResourceConfig = field(default_factory=ResourceConfig)
     resharding: ReshardingConfig = field(default_factory=ReshardingConfig)
