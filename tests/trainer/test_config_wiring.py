@@ -39,7 +39,6 @@ SECTION_READERS: dict[str, tuple[str, ...]] = {
     "ref": ("workers", "trainer"),
     "reward_model": ("workers", "trainer"),
     "teacher": ("workers", "trainer"),
-    "teacher": ("workers", "trainer"),
     "reward": ("hybridflow/rewards", "trainer"),
     "resharding": ("hybridflow/resharding", "workers/actor.py", "trainer"),
     "monitor": ("hybridflow/metrics/monitor",),
