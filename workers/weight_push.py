@@ -22,8 +22,8 @@ __all__ = ["WeightPushing"]
 
 class WeightPushing:
     """Methods of `ActorRolloutRefWorker` for a split rollout; they use the actor's ``model``,
-    ``optimizer``, ``resharding_config``, ``derived`` (the engine's dtype), ``update_steps`` and the
-    worker's ``rank`` and ``device``."""
+    ``optimizer``, ``resharding_config``, ``derived`` (the engine's dtype), ``actor_config`` (its LoRA
+    adapters, pushed merged), ``update_steps`` and the worker's ``rank`` and ``device``."""
 
     _pushed_version: int | None = None
 
@@ -54,6 +54,7 @@ class WeightPushing:
             self.resharding_config,
             self.device,
             weight_dtype=getattr(torch, self.derived.engine.dtype),
+            lora=self.actor_config.lora,
         )
 
     @register(dispatch="one_to_all", blocking=False)

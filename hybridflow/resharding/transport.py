@@ -136,6 +136,8 @@ class BroadcastSender:
     """
 
     trims_host_memory = False
+    # The rollout pool's engines hold plain weights: a LoRA actor's push is merged (docs/lora.md).
+    takes_adapters = False
 
     def __init__(self, group: dist.ProcessGroup | None, bucket_bytes: int, device: torch.device) -> None:
         self.group = group
