@@ -28,7 +28,7 @@ from trainer.config import RunConfig, derive_sizes, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-NAMES = ("grpo", "ppo", "rloo", "reinforce_pp", "dr_grpo", "dapo", "intuitor", "re2")
+NAMES = ("grpo", "ppo", "rloo", "reinforce_pp", "dr_grpo", "dapo", "intuitor", "re2", "opd")
 GRPO_REWARD = f"{RECIPES / 'grpo' / 'reward.py'}:r1_zero_reward"
 # README lines of the form "- `algorithm.adv_estimator: rloo` ..." state what makes the algorithm.
 CLAIM = re.compile(r"^- `([a-z_]+(?:\.[a-z_]+)+): ([^`]*)`", re.MULTILINE)
