@@ -34,7 +34,7 @@ MODEL_DIR = Path("model")
 SECTION_READERS: dict[str, tuple[str, ...]] = {
     # a component's section: the folders and files whose code reads its fields
     "rollout": ("hybridflow/rollout", "workers/actor.py", "trainer"),
-    "actor": ("workers", "trainer"),
+    "actor": ("workers", "trainer", "hybridflow/lora.py"),
     "critic": ("workers", "trainer"),
     "ref": ("workers", "trainer"),
     "reward_model": ("workers", "trainer"),
