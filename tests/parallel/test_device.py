@@ -34,8 +34,9 @@ from trainer.config import schema
 from workers.actor import ActorRolloutRefWorker
 from workers.critic import CriticWorker
 from workers.reward_model import RewardModelWorker
+from workers.teacher import TeacherWorker
 
-ROLES = (ActorRolloutRefWorker, CriticWorker, RewardModelWorker)
+ROLES = (ActorRolloutRefWorker, CriticWorker, RewardModelWorker, TeacherWorker)
 # Methods that hand their Batch to a rollout engine, which places its own inputs (the HF engine moves
 # them to its model's device; vLLM takes token lists; episodes start from the prompts' id lists).
 ENGINE_INPUTS = {(ActorRolloutRefWorker, "generate_sequences"), (ActorRolloutRefWorker, "generate_episodes")}
