@@ -19,6 +19,9 @@ from trainer.fit import fit
 from trainer.runtime import Runtime
 
 STEPS = 8
+# Eager engines: the runs check what is learned and reproduced, not speed, and vLLM's compile only slows
+# each engine's start.
+EAGER = "rollout.enforce_eager=true"
 
 
 def scores(records: list[dict], key: str) -> dict[int, float]:
@@ -28,7 +31,7 @@ def scores(records: list[dict], key: str) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def grpo_run(ray_cluster, tmp_path_factory):
     root = write_task(tmp_path_factory.mktemp("grpo"))
-    config = run_config(root, "vllm", STEPS, ["trainer.save_every=4", "actor.param_dtype=float32"])
+    config = run_config(root, "vllm", STEPS, ["trainer.save_every=4", "actor.param_dtype=float32", EAGER])
     with Runtime(config) as runtime:
         fit(runtime, rl_step)
     return root, read_jsonl(root / "run" / "metrics.jsonl")
@@ -50,7 +53,7 @@ def test_resume_reproduces_the_next_step(grpo_run):
         root,
         "vllm",
         5,
-        ["actor.param_dtype=float32", f"trainer.resume={root / 'run' / 'checkpoints' / 'step_4'}",
+        ["actor.param_dtype=float32", EAGER, f"trainer.resume={root / 'run' / 'checkpoints' / 'step_4'}",
          f"trainer.output_dir={root / 'resumed'}"],
     )
     with Runtime(config) as runtime:
@@ -79,6 +82,7 @@ def test_ppo_with_a_critic_reduces_the_value_loss(ray_cluster, tmp_path):
             "critic.weight_decay=0.0",
             "critic.param_dtype=float32",
             "actor.param_dtype=float32",
+            EAGER,
         ],
         reward_fn="one_plus_fraction",
     )
