@@ -98,11 +98,12 @@ def _cluster(config: RunConfig, address: str | None, runtime_env: dict[str, obje
         p.nodes * p.slots_per_node for p in resource.pools.values()
     )
     num_cpus = max(os.cpu_count() or 1, int(slots * resource.cpus_per_slot) + 1)
+    custom = _custom_resource_totals(config)
     runtime_env = {**runtime_env, "env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
     if not ray_watchdog.SUPPORTED:
         temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=_TEMP_ROOT))
         try:
-            with _local_cluster(num_cpus, temp_dir, runtime_env):
+            with _local_cluster(num_cpus, custom, temp_dir, runtime_env):
                 yield
         finally:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -118,7 +119,7 @@ def _cluster(config: RunConfig, address: str | None, runtime_env: dict[str, obje
         start_new_session=True,
     )
     try:
-        with _local_cluster(num_cpus, temp_dir, runtime_env):
+        with _local_cluster(num_cpus, custom, temp_dir, runtime_env):
             yield
     finally:
         # Closing the pipe is the watchdog's signal: it stops any straggler and removes the folder.
@@ -128,10 +129,27 @@ def _cluster(config: RunConfig, address: str | None, runtime_env: dict[str, obje
             watchdog.wait(timeout=_WATCHDOG_EXIT_S)
 
 
+def _custom_resource_totals(config: RunConfig) -> dict[str, float]:
+    """Every custom resource the pools reserve (``resource.custom_resources``, ``resource.pools.*.
+    custom_resources``), summed over their slots: what a local one-node cluster offers, so a config
+    written for a multi-node cluster also runs on one machine."""
+    resource = config.resource
+    sized = [(resource.nodes * resource.slots_per_node, resource.custom_resources)]
+    sized += [(pool.nodes * pool.slots_per_node, pool.custom_resources) for pool in resource.pools.values()]
+    totals: dict[str, float] = {}
+    for slots, amounts in sized:
+        for name, amount in amounts.items():
+            totals[name] = totals.get(name, 0.0) + slots * amount
+    return totals
+
+
 @contextmanager
-def _local_cluster(num_cpus: int, temp_dir: Path, runtime_env: dict[str, object]) -> Iterator[None]:
+def _local_cluster(
+    num_cpus: int, custom: dict[str, float], temp_dir: Path, runtime_env: dict[str, object]
+) -> Iterator[None]:
     ray.init(
         num_cpus=num_cpus,
+        resources=custom,
         include_dashboard=False,
         _temp_dir=str(temp_dir),
         logging_level="WARNING",

@@ -19,6 +19,7 @@ from trainer.config import GLOBAL_POOL, DerivedSizes, RunConfig, derive_values
 from workers.actor import ActorRolloutRefWorker
 from workers.critic import CriticWorker
 from workers.reward_model import RewardModelWorker
+from workers.rollout import RolloutWorker
 from workers.teacher import TeacherWorker
 
 __all__ = [
@@ -36,14 +37,18 @@ def build_pools(config: RunConfig) -> dict[str, ResourcePool]:
     """The global pool and every extra pool of ``resource.pools``."""
     resource = config.resource
 
-    def pool(name: str, nodes: int, slots: int) -> ResourcePool:
+    def pool(name: str, nodes: int, slots: int, custom: Mapping[str, float]) -> ResourcePool:
         return ResourcePool(
-            [slots] * nodes, use_gpu=resource.use_gpu, cpus_per_slot=resource.cpus_per_slot, name=name
+            [slots] * nodes,
+            use_gpu=resource.use_gpu,
+            cpus_per_slot=resource.cpus_per_slot,
+            name=name,
+            custom_resources=custom,
         )
 
-    pools = {GLOBAL_POOL: pool(GLOBAL_POOL, resource.nodes, resource.slots_per_node)}
+    pools = {GLOBAL_POOL: pool(GLOBAL_POOL, resource.nodes, resource.slots_per_node, resource.custom_resources)}
     for name, extra in resource.pools.items():
-        pools[name] = pool(name, extra.nodes, extra.slots_per_node)
+        pools[name] = pool(name, extra.nodes, extra.slots_per_node, extra.custom_resources)
     return pools
 
 
@@ -52,6 +57,7 @@ SHIPPED_WORKER_CLASSES: dict[str, type[Worker]] = {
     "critic": CriticWorker,
     "reward_model": RewardModelWorker,
     "teacher": TeacherWorker,
+    "rollout": RolloutWorker,
 }
 """The class each role runs unless a recipe supplies a subclass (`build_worker_groups`)."""
 
@@ -107,6 +113,10 @@ def role_specs(
             (config.actor, config.ref, config.rollout, config.resharding, values.actor),
         )
     }
+    if config.resource.splits_rollout:
+        roles["rollout"] = RoleSpec(
+            worker_class("rollout", worker_classes), (config.rollout, str(model_dir), values.actor.engine)
+        )
     if config.critic is not None and values.critic is not None:
         roles["critic"] = RoleSpec(worker_class("critic", worker_classes), (config.critic, values.critic))
     if config.reward_model is not None:

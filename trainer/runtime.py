@@ -31,6 +31,7 @@ from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
 from trainer.run_folder import RunStart, open_run
+from trainer.weight_sync import connect_weight_group
 from workers.teacher import check_same_vocabulary
 
 __all__ = ["Runtime"]
@@ -55,6 +56,9 @@ class Runtime:
 
     Attributes:
         run: the run's identity (written into every checkpoint) and the checkpoint it resumes from.
+        rollout: the group that generates: ``actor`` itself (the colocated engine, the default) or,
+            with ``resource.placement.rollout`` on a pool of its own, that pool's engines
+            (`workers.rollout.RolloutWorker`; weights reach them through `trainer.weight_sync`).
         actor, critic, reward_model, teacher: the worker groups (``critic``, ``reward_model`` and
             ``teacher`` may be None).
         total_steps: the run's length in steps (``trainer.total_steps``, else ``trainer.total_epochs``
@@ -158,6 +162,10 @@ class Runtime:
                 reward_started.result()
             self.startup.lap("engine", within=_load_seconds(reports))
             self.actor: RayWorkerGroup = self.groups["actor_rollout"]
+            # The group that generates: the actor's own (colocated engine) or the rollout pool's.
+            self.rollout: RayWorkerGroup = self.groups.get("rollout", self.actor)
+            if self.rollout is not self.actor:
+                connect_weight_group(self.actor, self.rollout)
             self.critic: RayWorkerGroup | None = self.groups.get("critic")
             self.reward_model: RayWorkerGroup | None = self.groups.get("reward_model")
             self.teacher: RayWorkerGroup | None = self.groups.get("teacher")
@@ -271,6 +279,7 @@ _LOAD_REPORTS = {
     "actor_rollout": ("model", "init/load_s"),
     "critic": ("critic", "init/critic_load_s"),
     "reward_model": ("reward_model", "init/reward_model_load_s"),
+    "rollout": ("rollout_engine", "init/rollout_engine_s"),
     "teacher": ("teacher", "init/teacher_load_s"),
 }
 """Per role: the start-up part its model loading counts towards, and the key of its ``init_model`` report."""

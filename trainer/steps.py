@@ -42,6 +42,7 @@ from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
 from trainer.runtime import Runtime
+from trainer.weight_sync import push_weights
 from workers.objective import ActorLoss
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "sampling_from",
     "sampling_params",
     "score",
+    "sync_rollout",
     "teacher_log_probs",
     "update_actor",
     "update_columns",
@@ -172,14 +174,27 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
     counts the response tokens in ``response/generated_tokens``.
 
     Rows come ``n`` consecutive per prompt, the prompt columns repeated. The layout switches' timing and
-    memory are recorded as ``resharding/*`` and ``timing_s/generate*``.
+    memory are recorded as ``resharding/*`` and ``timing_s/generate*``. With the rollout on a pool of its
+    own, the actor's current weights are pushed to its engines first (`sync_rollout`), and each row
+    carries the ``policy_version`` it was sampled with.
     """
     sampling = sampling or sampling_params(runtime)
+    sync_rollout(runtime)
     with runtime.timer.phase("generation"):
-        rollouts = runtime.actor.generate_sequences(_counted(runtime, prompts), sampling)
+        rollouts = runtime.rollout.generate_sequences(_counted(runtime, prompts), sampling)
     runtime.record(rollouts.meta.pop("rollout_metrics"))
     _add(runtime, GENERATED_METRIC, float(rollouts["response_mask"].sum()))
     return rollouts | add_group_ids(rollouts, sampling.n) | decode_responses(rollouts, runtime.tokenizer)
+
+
+def sync_rollout(runtime: Runtime) -> None:
+    """With the rollout on a pool of its own, bring its engines to the actor's current policy version
+    (`trainer.weight_sync.push_weights`), timed as the ``weight_push`` phase, its ``weight_push/*`` and
+    ``rollout/*`` metrics recorded. Colocated, nothing to do: the engine is fed in-process as it generates."""
+    if runtime.rollout is runtime.actor:
+        return
+    with runtime.timer.phase("weight_push"):
+        runtime.record(push_weights(runtime.actor, runtime.rollout))
 
 
 def reward_scores(runtime: Runtime, rollouts: Batch) -> tuple[Batch, dict[str, float]]:

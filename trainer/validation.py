@@ -19,6 +19,7 @@ from hybridflow.protocol import Batch
 from hybridflow.rollout.sampling import SamplingParams
 from trainer.runtime import Runtime
 from trainer.steps import decode_responses, reward_scores, sampling_from
+from trainer.weight_sync import push_weights
 
 __all__ = ["Finish", "validate", "validation_metrics", "validation_rollouts", "validation_sampling"]
 
@@ -55,8 +56,10 @@ def validation_rollouts(
         shuffle=False,
         drop_last=False,
     )
+    if runtime.rollout is not runtime.actor:
+        push_weights(runtime.actor, runtime.rollout)  # a rollout pool of its own serves the weights validated
     for prompts in loader:
-        rollouts = finish(runtime, runtime.actor.generate_sequences(prompts, sampling))
+        rollouts = finish(runtime, runtime.rollout.generate_sequences(prompts, sampling))
         scored, _ = reward_scores(runtime, rollouts)
         yield rollouts | scored
 

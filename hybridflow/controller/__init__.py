@@ -20,6 +20,7 @@ from hybridflow.controller.ray_group import (
     create_colocated_worker_groups,
     create_worker_groups,
     shutdown_worker_groups,
+    wait_together,
 )
 from hybridflow.controller.register import register
 from hybridflow.controller.resource_pool import ResourcePool
@@ -49,4 +50,5 @@ __all__ = [
     "register",
     "register_dispatch_mode",
     "shutdown_worker_groups",
+    "wait_together",
 ]

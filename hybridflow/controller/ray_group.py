@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.controller.dispatch import RankCall
 from hybridflow.controller.errors import WorkerDiedError, WorkerError, WorkerGroupDeadError
-from hybridflow.controller.group import WorkerGroup
+from hybridflow.controller.group import GroupFuture, WorkerGroup
 from hybridflow.controller.host import WorkerHost
 from hybridflow.controller.resource_pool import ResourcePool
 from hybridflow.controller.worker import MeshInfo, Worker
@@ -42,6 +42,7 @@ __all__ = [
     "create_colocated_worker_groups",
     "create_worker_groups",
     "shutdown_worker_groups",
+    "wait_together",
 ]
 
 log = logging.getLogger(__name__)
@@ -292,3 +293,30 @@ def shutdown_worker_groups(groups: Iterable[RayWorkerGroup], reason: str) -> Non
     """
     for hosts in {id(group.hosts): group.hosts for group in groups}.values():
         hosts._stop_after_failure(reason)
+
+
+def wait_together(futures: Sequence[GroupFuture]) -> list[Any]:
+    """The results of ``futures`` of groups on different host sets that take part in one collective
+    (a weight push: the actor's sender and the rollout pool's receivers), in order.
+
+    Waits on every rank of every future at once and stops at the first failure: a rank that raised or
+    died fails the call with its group's `WorkerError` or `WorkerDiedError` (naming role, method and
+    rank), while the peers would wait on it until their collective's timeout. Every other host set of
+    ``futures`` is then shut down too, since its half of the collective cannot complete.
+    """
+    owner = {ref: future for future in futures for ref in future.refs.values()}
+    pending = list(owner)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        future = owner[ready[0]]
+        try:
+            ray.get(ready[0])
+        except (RayActorError, RayTaskError):
+            for other in futures:
+                if isinstance(other.group, RayWorkerGroup) and other.group.hosts is not future.group.hosts:
+                    other.group.hosts._stop_after_failure(
+                        f"{future.group.role}.{future.method} failed in a collective with this host set"
+                    )
+            # The failed future goes first: its group raises its own error (role, method, rank).
+            return [f.get() for f in (future, *futures)]
+    return [future.get() for future in futures]

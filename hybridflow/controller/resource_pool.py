@@ -1,7 +1,9 @@
 """`ResourcePool`: device slots reserved on a Ray cluster as placement groups.
 
 A pool holds one placement group per node, with one bundle per device slot: ``{"CPU": c}`` on CPU
-machines, ``{"CPU": c, "GPU": 1}`` on GPU machines. Every process that serves a slot is placed in
+machines, ``{"CPU": c, "GPU": 1}`` on GPU machines, plus any custom Ray resources the pool asks each
+slot for (``{"rollout_node": 1}``: only nodes started with that resource can hold it, which is how a
+pool is pinned to nodes of a multi-node cluster). Every process that serves a slot is placed in
 that slot's bundle. When several separate processes must share a slot (roles that are not
 colocated in one process but run on the same devices), ``max_processes_per_slot`` splits each
 bundle's resources evenly, GPUs fractionally.
@@ -9,7 +11,7 @@ bundle's resources evenly, GPUs fractionally.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
@@ -36,6 +38,8 @@ class ResourcePool:
         cpus_per_slot: CPUs reserved per slot (fractions are fine on small CPU machines).
         max_processes_per_slot: how many separate worker processes may share one slot.
         name: a label used in error messages.
+        custom_resources: custom Ray resources each slot's bundle reserves (per slot), e.g.
+            ``{"rollout_node": 1}``; only nodes that offer them can hold the pool.
         ready_timeout_s: how long to wait for the cluster to grant the placement groups.
     """
 
@@ -46,6 +50,7 @@ class ResourcePool:
         cpus_per_slot: float = 1.0,
         max_processes_per_slot: int = 1,
         name: str = "pool",
+        custom_resources: Mapping[str, float] | None = None,
         ready_timeout_s: float = 60.0,
     ) -> None:
         if not slots_per_node or any(n < 1 for n in slots_per_node):
@@ -57,6 +62,7 @@ class ResourcePool:
         self.cpus_per_slot = cpus_per_slot
         self.max_processes_per_slot = max_processes_per_slot
         self.name = name
+        self.custom_resources = dict(custom_resources or {})
         self.ready_timeout_s = ready_timeout_s
         self._placement_groups: list[PlacementGroup] | None = None
 
@@ -73,7 +79,11 @@ class ResourcePool:
     def placement_groups(self) -> list[PlacementGroup]:
         """The pool's placement groups, one per node, created on first use."""
         if self._placement_groups is None:
-            bundle = {"CPU": self.cpus_per_slot, **({"GPU": 1.0} if self.use_gpu else {})}
+            bundle = {
+                "CPU": self.cpus_per_slot,
+                **({"GPU": 1.0} if self.use_gpu else {}),
+                **self.custom_resources,
+            }
             groups = [
                 placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{self.name}-node{i}")
                 for i, n in enumerate(self.slots_per_node)

@@ -101,6 +101,7 @@ CONTEXT: dict[str, tuple[str, ...]] = {
     "resource.pools.<name>.nodes": (EXTRA_POOL,),
     "resource.pools.<name>.slots_per_node": (EXTRA_POOL,),
     "resource.placement": (EXTRA_POOL,),
+    "resource.pools.<name>.custom_resources": (EXTRA_POOL,),
 }
 
 CHANGED: dict[str, str] = {
@@ -111,6 +112,8 @@ CHANGED: dict[str, str] = {
     "resource.pools.<name>.nodes": "resource.pools.extra.nodes=2",
     "resource.pools.<name>.slots_per_node": "resource.pools.extra.slots_per_node=2",
     "resource.placement": "resource.placement={critic: extra}",
+    "resource.custom_resources": "resource.custom_resources={trainer_node: 1}",
+    "resource.pools.<name>.custom_resources": "resource.pools.extra.custom_resources={rollout_node: 1}",
     "trainer.machine_peak_file": "trainer.machine_peak_file={root}/peaks.json",
 }
 

@@ -303,6 +303,18 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
             problems.add(key, f"unknown role; {hint}roles: {', '.join(ROLES)}")
         elif (problem := unknown_pool(config, role)) is not None:
             problems.add(key, problem)
+    custom = {"resource.custom_resources": resource.custom_resources}
+    custom.update({f"resource.pools.{name}.custom_resources": pool.custom_resources for name, pool in resource.pools.items()})
+    for key, amounts in custom.items():
+        for name, amount in amounts.items():
+            if not amount > 0:
+                problems.add(f"{key}.{name}", f"must be a positive amount of the resource, got {amount}")
+    if resource.splits_rollout and config.agent is not None:
+        problems.add(
+            "resource.placement.rollout",
+            "multi-turn episodes (agent) run only on the colocated engine; leave the rollout on the actor's pool",
+            "agent",
+        )
 
 
 def _check_trainer(config: RunConfig, problems: Problems) -> None:

@@ -58,8 +58,12 @@ __all__ = [
     "ValSamplingConfig",
 ]
 
-ROLES = ("actor_rollout", "critic", "reward_model", "teacher")
+ROLES = ("actor_rollout", "critic", "reward_model", "teacher", "rollout")
 """Worker roles that ``resource.placement`` can map to a resource pool.
+
+``rollout`` is the inference engine: unplaced, or placed on the actor's pool, it lives in the actor's
+processes (the colocated hybrid engine); placed on another pool, it runs there in processes of its own
+and takes its weights over a weight group (docs/rollout_service.md).
 
 The reference policy lives in the ``actor_rollout`` processes and the rule-based reward functions in the
 controller's own process pool, so neither can be placed.
@@ -158,10 +162,12 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """An extra resource pool for split placement."""
+    """An extra resource pool for split placement. ``custom_resources``: custom Ray resources each slot
+    reserves (``{rollout_node: 1}``): only nodes started with them (``ray start --resources``) hold the pool."""
 
     nodes: int = config_field(1, ge=1)
     slots_per_node: int = config_field(1, ge=1)
+    custom_resources: Mapping[str, float] = field(default_factory=FrozenMap)
 
 
 @dataclass(frozen=True)
@@ -170,19 +176,28 @@ class ResourceConfig:
 
     The ``global`` pool has ``nodes * slots_per_node`` slots. Roles not named in ``placement`` run on it,
     colocated in one process per slot; mapping a role to a pool from ``pools`` splits it off into
-    processes of its own.
+    processes of its own. ``custom_resources``: custom Ray resources each slot of the ``global`` pool
+    reserves, as for `PoolConfig`.
     """
 
     nodes: int = config_field(1, ge=1)
     slots_per_node: int = config_field(2, ge=1)
     use_gpu: bool = False
     cpus_per_slot: float = config_field(1.0, gt=0)
+    custom_resources: Mapping[str, float] = field(default_factory=FrozenMap)
     pools: Mapping[str, PoolConfig] = field(default_factory=FrozenMap)
     placement: Mapping[str, str] = field(default_factory=FrozenMap)
 
     def pool_of(self, role: str) -> str:
-        """Name of the pool that ``role`` runs on."""
+        """Name of the pool that ``role`` runs on; the rollout's default is the actor's pool."""
+        if role == "rollout" and role not in self.placement:
+            return self.pool_of("actor_rollout")
         return self.placement.get(role, GLOBAL_POOL)
+
+    @property
+    def splits_rollout(self) -> bool:
+        """Whether the rollout engines run on a pool of their own, apart from the actor."""
+        return self.pool_of("rollout") != self.pool_of("actor_rollout")
 
     def world_size_of(self, role: str) -> int:
         """Number of ranks (slots) of the pool that ``role`` runs on."""

@@ -59,7 +59,7 @@ class DerivedSizes:
     """Per-step and per-rank sizes of a run.
 
     Attributes:
-        world_size: ranks of the pool that holds the actor and the rollout engine.
+        world_size: ranks of the actor's pool (which holds the engines too unless the rollout is split).
         rollout_tp_size: ranks per inference engine (``rollout.tp_size``).
         rollout_dp_size: inference engines, i.e. data-parallel groups of the inference layout.
         prompts_per_step: ``data.train_batch_size``.
@@ -134,6 +134,7 @@ def derive_values(config: RunConfig, sizes: DerivedSizes, total_steps: int, mode
         seed=data.seed,
         with_ref=config.needs_reference,
         engine=engine,
+        rollout_split=config.resource.splits_rollout,
     )
     critic = None
     if config.critic is not None and sizes.critic is not None:
@@ -172,7 +173,11 @@ def check_sizes(config: RunConfig, problems: Problems) -> DerivedSizes | None:
     if world is None:
         return None
     prompts, rows = data.train_batch_size, data.train_batch_size * rollout.n
-    dp = _inference_dp_size(world, prompts, rollout.tp_size, problems)
+    engine_role = "rollout" if config.resource.splits_rollout else "actor_rollout"
+    engine_world = _world_size(config, engine_role, problems) if engine_role == "rollout" else world
+    if engine_world is None:
+        return None
+    dp = _inference_dp_size(engine_world, prompts, rollout.tp_size, engine_role, problems)
     actor = _update_sizes("actor", config.actor, rows, world, problems)
     critic = None
     if config.critic is not None:
@@ -193,13 +198,14 @@ def check_sizes(config: RunConfig, problems: Problems) -> DerivedSizes | None:
     )
 
 
-def _inference_dp_size(world: int, prompts: int, tp_size: int, problems: Problems) -> int | None:
-    """Number of inference engines, if ``tp_size`` divides the world and the prompts split over them."""
+def _inference_dp_size(world: int, prompts: int, tp_size: int, role: str, problems: Problems) -> int | None:
+    """Number of inference engines, if ``tp_size`` divides the world of ``role``'s pool (the engines')
+    and the prompts split over them."""
     if world % tp_size:
         divisors = [t for t in range(1, world + 1) if world % t == 0]
         problems.add(
             "rollout.tp_size",
-            f"{tp_size} does not divide the world size {world} of the actor_rollout pool (valid tp sizes: {divisors})",
+            f"{tp_size} does not divide the world size {world} of the {role} pool (valid tp sizes: {divisors})",
             *_WORLD_KEYS,
         )
         return None
