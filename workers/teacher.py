@@ -58,15 +58,25 @@ def check_same_vocabulary(
         teacher_tokenizer = load_tokenizer_dir(teacher_path)
     except (OSError, ValueError) as error:
         raise ValueError(f"teacher.path: no tokenizer could be read from {teacher_path}: {error}") from error
-    actor_vocab, teacher_vocab = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    if actor_vocab != teacher_vocab:
-        differing = sorted(set(actor_vocab.items()) ^ set(teacher_vocab.items()), key=lambda item: item[1])
-        token, token_id = differing[0]
-        raise ValueError(
-            f"{where} must share one tokenizer: {len(teacher_vocab)} against {len(actor_vocab)} tokens, "
-            f"and the two disagree on token {token!r} (id {token_id} in one of them)"
+    actor_tokens = {i: token for token, i in tokenizer.get_vocab().items()}
+    teacher_tokens = {i: token for token, i in teacher_tokenizer.get_vocab().items()}
+    if actor_tokens != teacher_tokens:
+        first = min(
+            i
+            for i in actor_tokens.keys() | teacher_tokens.keys()
+            if actor_tokens.get(i) != teacher_tokens.get(i)
         )
-    embedded = json.loads((Path(teacher_path) / "config.json").read_text()).get("vocab_size")
+        raise ValueError(
+            f"{where} must share one tokenizer: the teacher's has {len(teacher_tokens)} tokens, the actor's "
+            f"{len(actor_tokens)}, and id {first} is {teacher_tokens.get(first)!r} in the teacher's, "
+            f"{actor_tokens.get(first)!r} in the actor's"
+        )
+    config_file = Path(teacher_path) / "config.json"
+    if not config_file.is_file():
+        raise ValueError(
+            f"teacher.path: {teacher_path} holds no config.json (not a Hugging Face model folder)"
+        )
+    embedded = json.loads(config_file.read_text()).get("vocab_size")
     if embedded is not None and embedded < len(tokenizer):
         raise ValueError(
             f"{where}: the teacher's embedding holds {embedded} ids, fewer than the {len(tokenizer)} tokens "

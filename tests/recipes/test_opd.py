@@ -4,6 +4,7 @@ the actor and on a pool of its own (one Ray start for the file: the session's `r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,16 @@ def test_a_teacher_with_another_vocabulary_is_refused_naming_both_folders(tmp_pa
     with pytest.raises(ValueError, match=r"teacher\.path") as error:
         check_same_vocabulary(student_tokenizer, student, other)
     assert str(other) in str(error.value) and str(student) in str(error.value)
+    assert "id 4 is '0' in the teacher's" in str(error.value)  # the first id the two tokenizers disagree on
+
+
+def test_a_teacher_whose_embedding_lacks_ids_is_refused(tmp_path):
+    student_tokenizer = build_char_tokenizer()
+    short = write_teacher(tmp_path / "short")
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "vocab_size": len(student_tokenizer) - 1}))
+    with pytest.raises(ValueError, match=f"embedding holds {len(student_tokenizer) - 1} ids"):
+        check_same_vocabulary(student_tokenizer, tmp_path, short)
 
 
 def test_the_teacher_section_is_checked_key_by_key(tmp_path):
