@@ -45,10 +45,10 @@ class Runtime:
     Args:
         config: the validated run config.
         worker_classes: a recipe's own worker class for a role, by role name (``actor_rollout``,
-            ``critic``, ``reward_model``): a subclass of the shipped class (`ActorRolloutRefWorker`,
-            `CriticWorker`, `RewardModelWorker`), built with the same arguments, whose new
-            ``@register``'ed methods the step function can call on ``runtime.actor`` (or
-            ``runtime.critic``, ``runtime.reward_model``).
+            ``critic``, ``reward_model``, ``teacher``): a subclass of the shipped class
+            (`ActorRolloutRefWorker`, `CriticWorker`, `RewardModelWorker`, `TeacherWorker`), built with
+            the same arguments, whose new ``@register``'ed methods the step function can call on
+            ``runtime.actor`` (or ``runtime.critic``, ``runtime.reward_model``, ``runtime.teacher``).
         startup_s: seconds of start-up parts that ran before the runtime, by part name (such as
             ``{"ray": start_ray(...).seconds}``); they open the start-up report.
         run: how the run starts in its output folder (`trainer.run_folder.open_run`, which the command
