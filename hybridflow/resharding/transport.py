@@ -177,12 +177,12 @@ class BroadcastSender:
             raw = _as_bytes(tensor.detach())
             entry = (name, tensor.dtype, tuple(tensor.shape), 0)
             report.bytes_sent += raw.numel()
+            if table and used + raw.numel() > self.bucket_bytes:  # full: send it first, keeping the order
+                flush(bucket, table, min(used, self.bucket_bytes))
+                table, used = [], 0
             if raw.numel() > self.bucket_bytes:
                 flush(raw, [entry], raw.numel())
                 continue
-            if used + raw.numel() > self.bucket_bytes:
-                flush(bucket, table, used)
-                table, used = [], 0
             assert bucket is not None
             bucket[used : used + raw.numel()].copy_(raw)
             table.append((name, tensor.dtype, tuple(tensor.shape), used))
