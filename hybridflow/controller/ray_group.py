@@ -176,6 +176,13 @@ def _death_among(pending: list[Any], rank_of: dict[Any, int]) -> tuple[int, str]
     before Ray's notice of the death does (a third of the time on a loaded 2-core host). The death
     is the cause to report, and the group must be shut down for it.
     """
+    died = _dead_ref(pending)
+    return None if died is None else (rank_of[died[0]], died[1])
+
+
+def _dead_ref(pending: list[Any]) -> tuple[Any, str] | None:
+    """``(ref, detail)`` of a call among ``pending`` whose process turns out to have died within
+    `_DEATH_NOTICE_S`, or None (`_death_among`)."""
     deadline = time.monotonic() + _DEATH_NOTICE_S
     while pending and (left := deadline - time.monotonic()) > 0:
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
@@ -183,7 +190,7 @@ def _death_among(pending: list[Any], rank_of: dict[Any, int]) -> tuple[int, str]
             try:
                 ray.get(ref)
             except RayActorError as error:
-                return rank_of[ref], str(error).splitlines()[0]
+                return ref, str(error).splitlines()[0]
             except RayTaskError:
                 continue
     return None
@@ -301,22 +308,30 @@ def wait_together(futures: Sequence[GroupFuture]) -> list[Any]:
 
     Waits on every rank of every future at once and stops at the first failure: a rank that raised or
     died fails the call with its group's `WorkerError` or `WorkerDiedError` (naming role, method and
-    rank), while the peers would wait on it until their collective's timeout. Every other host set of
-    ``futures`` is then shut down too, since its half of the collective cannot complete.
+    rank), while the peers would wait on it until their collective's timeout. A raised error that
+    echoes a death in another group (a broken connection) is reported as that death. Every other host
+    set of ``futures`` is then shut down too, since its half of the collective cannot complete.
     """
     owner = {ref: future for future in futures for ref in future.refs.values()}
     pending = list(owner)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
-        future = owner[ready[0]]
+        failed = owner[ready[0]]
         try:
             ray.get(ready[0])
-        except (RayActorError, RayTaskError):
-            for other in futures:
-                if isinstance(other.group, RayWorkerGroup) and other.group.hosts is not future.group.hosts:
-                    other.group.hosts._stop_after_failure(
-                        f"{future.group.role}.{future.method} failed in a collective with this host set"
-                    )
-            # The failed future goes first: its group raises its own error (role, method, rank).
-            return [f.get() for f in (future, *futures)]
+            continue
+        except RayActorError:
+            pass
+        except RayTaskError:
+            # The error may echo a peer's death in the other pool: report the death instead.
+            died = _dead_ref(pending)
+            if died is not None:
+                failed = owner[died[0]]
+        for other in futures:
+            if isinstance(other.group, RayWorkerGroup) and other.group.hosts is not failed.group.hosts:
+                other.group.hosts._stop_after_failure(
+                    f"{failed.group.role}.{failed.method} failed in a collective with this host set"
+                )
+        # The failed future goes first: its group raises its own error (role, method, rank).
+        return [f.get() for f in (failed, *futures)]
     return [future.get() for future in futures]
