@@ -100,3 +100,29 @@ def test_every_receiver_gets_every_tensor_under_the_version(pools, version):
     # 4 small tensors before "big" go in bucket 1 (140 + 6 + ... bytes), "big" alone (2048 > 1024 bytes),
     # the remaining three in a third bucket.
     assert report["weight_push/buckets"] == 3
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"the NCCL weight group needs 2 CUDA devices (sender and engine); this machine has {torch.cuda.device_count()}",
+)
+def test_nccl_weight_group_between_gpu_pools(ray_cluster):
+    placement = {
+        "sender": ResourcePool([1], use_gpu=True, name="gpu-senders"),
+        "receiver": ResourcePool([1], use_gpu=True, name="gpu-receivers"),
+    }
+    groups = create_worker_groups({"sender": RoleSpec(Sender), "receiver": RoleSpec(Receiver)}, placement)
+    try:
+        sender, receiver = groups["sender"], groups["receiver"]
+        address, port = sender.address()[0]
+        wait_together([sender.join(address, port, 2), receiver.join(address, port, 2)])
+        _, received = wait_together([sender.push(5), receiver.pull()])
+        version, got = received[0]
+        assert version == 5
+        for (name, value), (_, want) in zip(got, weights(5), strict=True):
+            assert torch.equal(value, want), name
+    finally:
+        for group in groups.values():
+            group.hosts.shutdown()
+        for pool in placement.values():
+            pool.release()
