@@ -34,6 +34,9 @@ def ray_cluster():
         object_store_memory=2 * 1024**3,
         runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "disabled"}},
         logging_level="WARNING",
+        # Ray would start idle worker processes for plain tasks, up to one per logical CPU; the tests'
+        # worker groups are actors with a runtime environment of their own, which never use them.
+        _system_config={"prestart_worker_first_driver": False},
     )
     yield ray
     ray.shutdown()
