@@ -32,10 +32,11 @@ lives in another process, the bucket would be passed as CUDA IPC handles instead
 manager's contract (an iterator of named tensors per switch) stays the same.
 
 **LoRA.** For a model with LoRA adapters (``lora``), an engine that holds the same adapters
-(``engine.takes_adapters``) gets the adapter tensors alone: only they are gathered and streamed, a few
-MB instead of the model. Any other engine gets full weights with the adapters merged in
-(`hybridflow.lora.merge_adapters`, each layer's ``W + scaling * B A`` as its three tensors arrive), bucket
-by bucket as before; the report says which (``resharding/lora_push_merged``).
+(``engine.takes_adapters``) gets the adapter tensors alone: only they are gathered, all in one
+collective (`WeightStreamer.stream_packed`), a few MB instead of the model. Any other engine gets full
+weights with the adapters merged in (`hybridflow.lora.merge_adapters`, each layer's
+``W + scaling * B A`` as its three tensors arrive), bucket by bucket as before; the report says which
+(``resharding/lora_push_merged``).
 
 Every switch records a `SwitchReport`: seconds, bytes handed to the engine, bytes freed or restored, and peak
 memory (RSS on CPU, allocated memory on GPU).
@@ -270,7 +271,11 @@ class ReshardingManager:
         return report
 
     def _stream_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        weights = self._streamer.stream(self.model, is_adapter_name if self.push == "adapters" else None)
+        if self.push == "adapters":
+            # Many small tensors: one collective for all of them, not one each.
+            weights = self._streamer.stream_packed(self.model, is_adapter_name)
+        else:
+            weights = self._streamer.stream(self.model)
         if self.push == "merged":
             assert self.lora is not None
             weights = merge_adapters(weights, self.lora.scaling)

@@ -101,21 +101,15 @@ class WeightStreamer:
         self._slots: list[_Slot] = []
         self._offset = 0
 
-    def stream(
-        self, model: nn.Module, select: Callable[[str], bool] | None = None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
+    def stream(self, model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """The model's full weights under Hugging Face names, in ``state_dict`` order.
 
-        ``select`` (a test of the Hugging Face name, the same on every rank) keeps only some entries:
-        the LoRA adapters alone (`hybridflow.lora.is_adapter_name`), say; the others are not gathered.
         The gather buffer lives until the iterator is exhausted (or closed) and is then dropped.
         """
         self.bytes_streamed = self.buffers_allocated = self.retired_buffers = 0
         reshard_all(model)
         try:
             for fqn, value in model.state_dict(keep_vars=True).items():
-                if select is not None and not select(hf_param_name(fqn)):
-                    continue
                 with torch.no_grad():
                     full = self._gather(value) if _is_dim0_sharded(value) else self._unsharded(value)
                 self.bytes_streamed += tensor_bytes(full)
@@ -123,6 +117,58 @@ class WeightStreamer:
                 del full
         finally:
             self._buffer, self._slots, self._offset = None, [], 0
+
+    def stream_packed(
+        self, model: nn.Module, select: Callable[[str], bool]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The entries whose Hugging Face name ``select`` keeps (the same test on every rank: the LoRA
+        adapters, `hybridflow.lora.is_adapter_name`), as `stream` gives them, gathered by one collective.
+
+        For many small tensors (LoRA adapters: two per adapted layer) a push is bound by the latency of
+        one all-gather per tensor, not by bytes. Here every rank packs its shards of all selected
+        tensors into one flat buffer, one all-gather brings every rank's buffer, and each full tensor
+        is cut out of it (a copy of its own). Costs ``world`` times the packed shards once, plus the
+        copies: meant for a small selection, not for the whole model.
+        """
+        self.bytes_streamed = self.buffers_allocated = self.retired_buffers = 0
+        reshard_all(model)
+        entries = [(fqn, v) for fqn, v in model.state_dict(keep_vars=True).items() if select(hf_param_name(fqn))]
+        with torch.no_grad():
+            gathered = iter(self._gather_packed([v for _, v in entries if _is_dim0_sharded(v)]))
+            for fqn, value in entries:
+                full = next(gathered) if _is_dim0_sharded(value) else self._unsharded(value)
+                self.bytes_streamed += tensor_bytes(full)
+                yield hf_param_name(fqn), full
+
+    def _gather_packed(self, values: list[DTensor]) -> list[torch.Tensor]:
+        """The full tensors of dim-0-sharded ``values`` (one mesh, one dtype after the cast) from one
+        all-gather of their packed local shards."""
+        if not values:
+            return []
+        world = values[0].device_mesh.size()
+        pieces = []
+        for value in values:
+            local = value.to_local()
+            if self.dtype is not None and local.is_floating_point():
+                local = local.to(self.dtype)
+            per_rank = _gather_rows(value) // world
+            padded = local.new_zeros((per_rank, *local.shape[1:]))
+            padded[: local.shape[0]] = local
+            pieces.append(padded.reshape(-1))
+        if len({piece.dtype for piece in pieces}) > 1:
+            raise ValueError("stream_packed: the selected tensors must share one dtype")
+        packed = torch.cat(pieces)
+        out = packed.new_empty(world * packed.numel())
+        _all_gather_single(out, packed, group=values[0].device_mesh.get_group())
+        self.buffers_allocated += 1
+        ranks = out.view(world, packed.numel())
+        fulls, offset = [], 0
+        for value, piece in zip(values, pieces, strict=True):
+            rows = _gather_rows(value)
+            block = ranks[:, offset : offset + piece.numel()].reshape(rows, *value.shape[1:])
+            fulls.append(block[: value.shape[0]].clone())
+            offset += piece.numel()
+        return fulls
 
     def _unsharded(self, value: torch.Tensor) -> torch.Tensor:
         full = value.full_tensor() if isinstance(value, DTensor) else value.detach()
