@@ -142,7 +142,13 @@ def single_process_log_probs(model_dir: Path, rollouts: Batch, temperature: floa
 def run_opd(root: Path, teacher: Path, extra: list[str]) -> tuple[list[Batch], list[dict], Runtime]:
     """Two OPD steps under `fit` (HF engine, the tiny student of `run_config`); the steps' rollouts,
     the logged records and the (closed) runtime."""
-    config = run_config(root, "hf", 2, [f"teacher.path={teacher}", "rollout.temperature=1.0", *extra])
+    small = [  # 8 prompts x 4 samples: the test is about the columns, not the learning
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=32",
+        "actor.ppo_micro_batch_size=16",
+    ]
+    config = run_config(root, "hf", 2, [f"teacher.path={teacher}", "rollout.temperature=1.0", *small, *extra])
     returned: list[Batch] = []
 
     def step(runtime: Runtime, prompts: Batch) -> Batch:
