@@ -243,6 +243,11 @@ class _Planner:
             rm_shape = _shape_from_dir(config.reward_model.path, "reward_model.path")
             rm_world = config.resource.world_size_of("reward_model")
             self.reward_model = _Model(rm_shape, parameter_shapes(rm_shape, "score"), rm_world)
+        self.teacher = None
+        if config.teacher is not None and config.teacher.path is not None:
+            teacher_shape = _shape_from_dir(config.teacher.path, "teacher.path")
+            teacher_world = config.resource.world_size_of("teacher")
+            self.teacher = _Model(teacher_shape, parameter_shapes(teacher_shape, "lm"), teacher_world)
 
     # ---------------------------------------------------------------- what each process holds
 
@@ -252,6 +257,8 @@ class _Planner:
             present.append("critic")
         if self.reward_model is not None:
             present.append("reward_model")
+        if self.teacher is not None:
+            present.append("teacher")
         pools: dict[str, list[str]] = {}
         for role in present:
             pools.setdefault(self.config.resource.pool_of(role), []).append(role)
@@ -287,6 +294,9 @@ class _Planner:
                 out["critic grads"] = self.critic.shard(self.master)
         if "reward_model" in roles and self.reward_model is not None:
             out["reward model params"] = self.reward_model.shard(self.master)
+        if "teacher" in roles and self.teacher is not None and config.teacher is not None:
+            teacher_away = offload and config.teacher.param_offload and phase != "teacher"
+            out["teacher params"] = 0 if teacher_away else self.teacher.shard(self.master)
         return out
 
     def engine_resident(self, generating: bool) -> dict[str, int]:
@@ -368,7 +378,8 @@ class _Planner:
     def forward(
         self, roles: list[str], phase: str, model: _Model, batching: _Batching, head: HeadKind
     ) -> PhaseMemory:
-        """A no-grad forward over micro-batches (log-probs, reference, values, reward-model scores)."""
+        """A no-grad forward over micro-batches (log-probs, reference, teacher, values, reward-model
+        scores)."""
         compute = _ITEMSIZE[_compute_dtype(batching.param_dtype, self.on_gpu)]
         rows_per_rank = -(-self.sizes.rows_per_step // model.world)
         tokens = batching.tokens(rows_per_rank, self.sequence)
@@ -377,6 +388,8 @@ class _Planner:
         out["activations"] = forward_temporary_bytes(model.shape, tokens, compute)
         if head == "lm":
             chunk = self.config.actor.logit_chunk_size
+            if phase == "teacher" and self.config.teacher is not None:
+                chunk = self.config.teacher.logit_chunk_size  # the teacher's forwards chunk by its own key
             out["logits"] = logit_head_bytes(
                 model.shape.vocab_size, tokens, chunk, with_grad=False, with_entropy=False
             )
@@ -519,6 +532,22 @@ class _Planner:
                     "actor_rollout",
                     "ref",
                     lambda: self.forward(roles, "ref", self.actor, ref_forward, "lm"),
+                )
+            )
+        if self.teacher is not None and config.teacher is not None:
+            teacher, teacher_model = config.teacher, self.teacher
+            teacher_forward = _Batching(
+                teacher.forward_micro_batch_size,
+                teacher.dynamic_batching,
+                teacher.max_tokens_per_micro_batch,
+                teacher.param_dtype,
+            )
+            phases.append(
+                self._in(
+                    roles,
+                    "teacher",
+                    "teacher",
+                    lambda: self.forward(roles, "teacher", teacher_model, teacher_forward, "lm"),
                 )
             )
         if self.critic is not None and config.critic is not None:

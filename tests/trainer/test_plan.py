@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.planning import fsdp_shard_bytes, parameter_shapes
+from hybridflow.models import build_tiny_causal_lm
+from hybridflow.planning import ModelShape, fsdp_shard_bytes, parameter_shapes
 from tests.trainer._runs import write_task
 from trainer import main as trainer_main
 from trainer.config import load_config
@@ -145,3 +146,25 @@ def test_hybridflow_plan_and_python_m_trainer_plan(task: Path, monkeypatch, caps
     )
     assert result.returncode == 0, result.stderr
     assert "peak: " in result.stdout
+
+
+def test_a_teacher_adds_its_shard_and_its_forward(task: Path, tmp_path: Path) -> None:
+    # A teacher of its own shape (3 layers, hidden 64): only its config.json is read.
+    teacher_model = build_tiny_causal_lm(vocab_size=5000, hidden_size=64, num_layers=3, intermediate_size=96)
+    teacher_model.config.save_pretrained(tmp_path / "teacher")
+    shapes = parameter_shapes(ModelShape.from_hf_config(teacher_model.config.to_dict())).values()
+    keys = [f"teacher.path={tmp_path / 'teacher'}", "teacher.forward_micro_batch_size=2"]
+    colocated = _phases(load_config(None, _overrides(task, *keys)))
+    # In the actor's processes: its shard over the 2 ranks in every phase, and a forward of 2 rows x 64 tokens.
+    assert colocated["teacher"].moment == "forward, 128 tokens"
+    assert colocated["update"].components["teacher params"] == fsdp_shard_bytes(shapes, 2, 4)
+    pool = ["resource.pools={teacher_pool: {nodes: 1, slots_per_node: 1}}", "resource.placement={teacher: teacher_pool}"]
+    actor, teacher = plan_memory(load_config(None, _overrides(task, *keys, *pool))).processes
+    assert (actor.roles, teacher.roles, teacher.ranks) == ("actor_rollout", "teacher", 1)
+    assert all("teacher params" not in phase.components for phase in actor.phases)
+    by_phase = {phase.phase: phase for phase in teacher.phases}
+    # On a pool of its own: the whole model on its one rank, in every phase; idle while the actor trains.
+    whole = fsdp_shard_bytes(shapes, 1, 4)
+    assert all(phase.components["teacher params"] == whole for phase in teacher.phases)
+    assert (by_phase["update"].moment, by_phase["update"].components) == ("idle", {"teacher params": whole})
+    assert by_phase["teacher"].moment == "forward, 128 tokens"
