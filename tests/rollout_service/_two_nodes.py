@@ -2,7 +2,7 @@
 process keeps its one-node session cluster), the trainer pool on the head node, the rollout pool on the
 second, both pinned by custom resources. Prints one JSON line with what the test checks.
 
-Usage: python -m tests.rollout_service._two_nodes ROOT
+Usage: python -m tests.rollout_service._two_nodes ROOT ENGINE   (ENGINE: vllm or hf)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _gap(runtime, rollouts) -> float:
     return float((trainer - rollouts["rollout_log_probs"]).abs()[mask].max())
 
 
-def main(root: Path) -> dict:
+def main(root: Path, engine: str) -> dict:
     import ray
     from ray.cluster_utils import Cluster
     from ray.util import placement_group_table
@@ -50,10 +50,11 @@ def main(root: Path) -> dict:
         write_task(root)
         config = run_config(
             root,
-            "hf",
+            engine,
             2,
             [
                 "actor.param_dtype=float32",
+                "rollout.enforce_eager=true",
                 "data.train_batch_size=8",
                 "actor.ppo_mini_batch_size=64",
                 "actor.ppo_micro_batch_size=32",
@@ -96,4 +97,4 @@ def main(root: Path) -> dict:
 
 if __name__ == "__main__":
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    print(json.dumps(main(Path(sys.argv[1]))))
+    print(json.dumps(main(Path(sys.argv[1]), sys.argv[2])))

@@ -1,5 +1,6 @@
 """Weights arrive across nodes: the trainer pool on one Ray node, the rollout pool on another
-(`ray.cluster_utils.Cluster`, 2 nodes on this machine, pools pinned by custom resources).
+(`ray.cluster_utils.Cluster`, 2 nodes on this machine, pools pinned by custom resources), with the vLLM
+engine (the HF engine takes the same path in test_split_grpo.py and test_rollout_death.py).
 
 After each push the engine's log-probs of its sampled tokens equal the trainer's recomputation to 1e-5
 (fp32), and the engine reports the pushed version. Before the second push, after an update, the engine
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def result(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("two_nodes")
     run = subprocess.run(
-        [sys.executable, "-m", "tests.rollout_service._two_nodes", str(root)],
+        [sys.executable, "-m", "tests.rollout_service._two_nodes", str(root), "vllm"],
         cwd=REPO,
         capture_output=True,
         text=True,
