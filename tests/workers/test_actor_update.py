@@ -110,15 +110,21 @@ def test_update_does_not_depend_on_micro_batch_or_world_size(updated):
         assert metrics["actor/clip_frac"] == pytest.approx(base_metrics["actor/clip_frac"], abs=1e-6)
 
 
-def test_uneven_batch_is_refused_for_training(ray_cluster, policy_dir):
-    config = adam_actor(ppo_mini_batch_size=2, ppo_micro_batch_size=1)
-    group, pool = actor_group(policy_dir, 2, config, name="uneven")
-    try:
-        with pytest.raises(ValueError, match="does not split evenly over 2"):
-            group.update_actor(training_batch(3, seed=1), temperature=1.0)
-    finally:
-        group.hosts.shutdown()
-        pool.release()
+@pytest.fixture(scope="module")
+def fresh_pair(ray_cluster, policy_dir):
+    """A 2-rank group at the policy's initial weights (mini-batches of `ROWS`, micro-batches of 2). One
+    test trains it; the other only has a batch refused before it reaches the ranks."""
+    config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2)
+    group, pool = actor_group(policy_dir, 2, config, name="pair")
+    yield group
+    group.hosts.shutdown()
+    pool.release()
+
+
+def test_uneven_batch_is_refused_for_training(fresh_pair):
+    # Refused on the controller, before anything reaches the ranks: the group's weights stay as they were.
+    with pytest.raises(ValueError, match="does not split evenly over 2"):
+        fresh_pair.update_actor(training_batch(3, seed=1), temperature=1.0)
 
 
 def test_checkpoint_resume_and_hf_export(ray_cluster, policy_dir, objective, tmp_path):
@@ -242,7 +248,7 @@ def without_old_log_probs(batch: Batch) -> Batch:
     return batch
 
 
-def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, policy_dir, objective):
+def test_on_policy_update_takes_old_log_probs_from_its_own_forward(fresh_pair, policy_dir, objective):
     """Without ``old_log_probs`` the single optimizer step equals the reference step whose old log-probs
     are the policy's own (ratio 1), and the update reports the rollout-vs-trainer gap itself."""
     on_policy = without_old_log_probs(training_batch(ROWS, seed=4))
@@ -253,20 +259,14 @@ def test_on_policy_update_takes_old_log_probs_from_its_own_forward(ray_cluster, 
     # The engine's log-probs, off by exactly 0.01 on the first half of the rows and 0.03 on the rest.
     offsets = torch.where(torch.arange(ROWS)[:, None] < ROWS // 2, 0.01, 0.03) * on_policy["response_mask"]
     mask = on_policy["response_mask"].bool()
-    config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2)
-    group, pool = actor_group(policy_dir, 2, config, name="on-policy")
-    try:
-        metrics = group.update_actor(
-            on_policy | Batch({"rollout_log_probs": current + offsets}), temperature=1.0, loss_fn=objective
-        )[0]
-        assert_same_weights(group.gather_full_state()[0], expected, ATOL)
-        assert metrics["actor/clip_frac"] == 0.0
-        assert metrics["sync/log_prob_abs_diff_max"] == pytest.approx(0.03, abs=1e-5)
-        assert metrics["sync/log_prob_abs_diff_mean"] == pytest.approx(offsets[mask].mean().item(), abs=1e-5)
-        with pytest.raises(WorkerError, match=r"ValueError: .* only valid for one on-policy optimizer step"):
-            group.update_actor(
-                without_old_log_probs(training_batch(2 * ROWS, seed=5)), temperature=1.0, loss_fn=objective
-            )
-    finally:
-        group.hosts.shutdown()
-        pool.release()
+    metrics = fresh_pair.update_actor(
+        on_policy | Batch({"rollout_log_probs": current + offsets}), temperature=1.0, loss_fn=objective
+    )[0]
+    assert_same_weights(fresh_pair.gather_full_state()[0], expected, ATOL)
+    assert metrics["actor/clip_frac"] == 0.0
+    assert metrics["sync/log_prob_abs_diff_max"] == pytest.approx(0.03, abs=1e-5)
+    assert metrics["sync/log_prob_abs_diff_mean"] == pytest.approx(offsets[mask].mean().item(), abs=1e-5)
+    with pytest.raises(WorkerError, match=r"ValueError: .* only valid for one on-policy optimizer step"):
+        fresh_pair.update_actor(
+            without_old_log_probs(training_batch(2 * ROWS, seed=5)), temperature=1.0, loss_fn=objective
+        )
