@@ -7,7 +7,8 @@ A 1.6M-parameter Qwen2 (the demo's shape with 2 layers instead of 4) is warm-sta
 last.
 
 Measured while developing, from the warm start's 49.5%: +10.0, +11.0, +13.0 and +9.5 points with the
-GRPO run seeded 0, 1, 2 and 3 (prompt order and sampling). The test asks for +5. A 0.4M-parameter
+GRPO run seeded 0, 1, 2 and 3 (prompt order and sampling); with the engine run eager, as now, 53.5% ->
+67.5% (seed 0). The test asks for +5. A 0.4M-parameter
 model (hidden 128) was no use here: at lr 3e-4 it gained 1.5 points, at 5e-4 and 1e-3 it collapsed.
 """
 
@@ -55,6 +56,8 @@ def run_config(data: Path, output: Path, seed: int, *extra: str) -> RunConfig:
             "model.tiny.intermediate_size=768",
             "model.tiny.max_position_embeddings=32",
             "rollout.engine=vllm",
+            # Eager: what is checked is what GRPO learns, and vLLM's compile only slows the engine's start.
+            "rollout.enforce_eager=true",
             "rollout.n=8",
             "rollout.temperature=1.0",
             "rollout.kv_cache_bytes=33554432",
