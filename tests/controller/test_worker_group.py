@@ -10,6 +10,7 @@ import torch
 from ray._private import state as ray_state
 
 from hybridflow.controller import (
+    RayWorkerGroup,
     ResourcePool,
     RoleSpec,
     WorkerDiedError,
@@ -140,13 +141,28 @@ def test_split_mode_puts_roles_in_separate_processes(ray_cluster):
         reward_pool.release()
 
 
+@pytest.fixture(scope="module")
+def faulty_groups(ray_cluster):
+    """Hands out 2-rank `FaultyWorker` groups: the last one while it is open, else a new one. A test
+    that kills a rank closes its group; a Python error leaves it working for the next test."""
+    built: list[tuple[ResourcePool, RayWorkerGroup]] = []
+
+    def open_group() -> RayWorkerGroup:
+        if not built or built[-1][1].hosts.dead_reason is not None:
+            pool = ResourcePool([2], cpus_per_slot=0.5, name=f"faulty{len(built)}")
+            group = create_colocated_worker_groups(pool, {"faulty": RoleSpec(FaultyWorker)})["faulty"]
+            built.append((pool, group))
+        return built[-1][1]
+
+    yield open_group
+    for pool, group in built:
+        group.hosts.shutdown()
+        pool.release()
+
+
 @pytest.fixture
-def faulty_group(ray_cluster):
-    pool = ResourcePool([2], cpus_per_slot=0.5, name="faulty")
-    group = create_colocated_worker_groups(pool, {"faulty": RoleSpec(FaultyWorker)})["faulty"]
-    yield group
-    group.hosts.shutdown()
-    pool.release()
+def faulty_group(faulty_groups):
+    return faulty_groups()
 
 
 def test_worker_exception_names_the_rank_and_the_error(faulty_group):
