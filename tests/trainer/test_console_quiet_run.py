@@ -47,7 +47,11 @@ class WarningActor(ActorRolloutRefWorker):
 def main(root):
     logging.basicConfig(level=logging.WARNING)
     config = run_config(
-        write_task(root), "vllm", steps=1, extra=["trainer.loggers=[console,jsonl]", "trainer.console=quiet"]
+        write_task(root),
+        "vllm",
+        steps=1,
+        # Eager: vLLM's compile would only slow the engine's start; the lines looked for are logged either way.
+        extra=["trainer.loggers=[console,jsonl]", "trainer.console=quiet", "rollout.enforce_eager=true"],
     )
     with start_ray(config) as ray_start:
         warnings.warn("own driver warning")
