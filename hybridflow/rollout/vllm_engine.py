@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import get_args
@@ -145,6 +146,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self.takes_adapters = lora is not None
         self._lora_request: LoRARequest | None = None
         self._adapter_root = Path(tempfile.mkdtemp(prefix=f"hybridflow-lora-{dist.get_rank()}-")) if lora else None
+        if self._adapter_root is not None:
+            # The adapter files go with the engine (or with the process, whichever ends first).
+            weakref.finalize(self, shutil.rmtree, self._adapter_root, ignore_errors=True)
         _prepare_environment(config)
         platform_args = (
             {
