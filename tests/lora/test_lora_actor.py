@@ -22,7 +22,8 @@ from hybridflow.rollout.sampling import SamplingParams
 from tests.workers._policy import actor_group, adam_actor, training_batch, write_policy
 from workers.actor import sequence_log_probs
 
-LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"), seed=3)
+# Rank 3: each A [3, in] is sharded unevenly over the 2 ranks, as the packed adapter gather must handle.
+LORA = LoraConfig(rank=3, alpha=6.0, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"), seed=3)
 SAMPLING = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=5)
 ROWS = 8
 

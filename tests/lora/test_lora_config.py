@@ -116,27 +116,3 @@ def test_a_merge_missing_an_adapter_is_refused():
     with pytest.raises(ValueError, match="missing a base weight or an adapter"):
         list(merge_adapters(state.items(), LORA.scaling))
 
-
-def _packed_against_full(rank: int, world: int) -> bool:
-    from hybridflow.parallel import build_meshes, shard_model
-    from hybridflow.parallel.weights import iter_full_state
-    from hybridflow.resharding.streaming import WeightStreamer
-
-    # Rank 3: every A (3 rows) is sharded unevenly over 2 ranks.
-    model = add_adapters(build_tiny_causal_lm(VOCAB, seed=2), dataclasses.replace(LORA, rank=3))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".lora_B." in name:
-                param.normal_()
-    model = shard_model(model, build_meshes(world, 1, "cpu").train)
-    packed = list(WeightStreamer(1 << 20, torch.device("cpu")).stream_packed(model, is_adapter_name))
-    full = [(name, tensor) for name, tensor in iter_full_state(model) if is_adapter_name(name)]
-    return [name for name, _ in packed] == [name for name, _ in full] and all(
-        torch.equal(a, b) for (_, a), (_, b) in zip(packed, full, strict=True)
-    )
-
-
-def test_the_packed_adapter_gather_equals_one_gather_per_tensor():
-    from hybridflow.parallel.launch import run_ranks
-
-    assert run_ranks(_packed_against_full, 2) == [True, True]
