@@ -115,8 +115,8 @@ def main(argv: Sequence[str]) -> dict[str, float]:
     )
     print(
         f"warm start: {warm_start_result(model_dir).steps} supervised steps on the tool's format "
-        f"(seed {args.seed}) -> first turn right on {format_accuracy:.1%} of held-out additions and "
-        f"subtractions; checkpoint {model_dir} ({time.monotonic() - start:.0f} s so far)"
+        f"(seed {args.seed}) -> first turn right on {format_accuracy:.1%} of held-out format problems "
+        f"(never a product); checkpoint {model_dir} ({time.monotonic() - start:.0f} s so far)"
     )
 
     config = recipe_config(files, args.seed, overrides, model_dir)
