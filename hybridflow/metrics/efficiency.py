@@ -164,8 +164,8 @@ def measure_machine_peak(
 
 
 def device_name(device: str = "cpu") -> str:
-    """The name a measured peak is stored under: a GPU's model, or the CPU's model and the cores torch
-    uses (``torch.get_num_threads``), since the peak scales with them."""
+    """The name a measured peak is stored under: a GPU's model, or the CPU's model and the number of
+    cores this process may run on, since the peak scales with them."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     model = platform.processor() or platform.machine()
@@ -175,7 +175,7 @@ def device_name(device: str = "cpu") -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    return f"{model} x{torch.get_num_threads()}"
+    return f"{model} x{len(os.sched_getaffinity(0))}"
 
 
 def save_machine_peak(peak: MachinePeak, path: str = DEFAULT_PEAK_FILE) -> Path:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.metrics import read_jsonl
+from hybridflow.metrics.efficiency import MachinePeak, device_name, matmul_parameters, save_machine_peak
+from hybridflow.planning import count_parameters
 from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
 from trainer.fit import fit
+from trainer.plan import policy_shape
 from trainer.runtime import Runtime
 
 STEPS = 8
@@ -28,17 +31,23 @@ def scores(records: list[dict], key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in records if key in r}
 
 
+# A stored peak for this machine (round figures: the test checks what the metrics are divided by).
+PEAK = MachinePeak(device_name("cpu"), {"float32": 1e9, "bfloat16": 1e8}, copy_bytes_per_s=1e9)
+
+
 @pytest.fixture(scope="module")
 def grpo_run(ray_cluster, tmp_path_factory):
     root = write_task(tmp_path_factory.mktemp("grpo"))
-    config = run_config(root, "vllm", STEPS, ["trainer.save_every=4", "actor.param_dtype=float32", EAGER])
+    peaks = save_machine_peak(PEAK, str(root / "peaks.json"))
+    extra = ["trainer.save_every=4", "actor.param_dtype=float32", EAGER, f"trainer.machine_peak_file={peaks}"]
+    config = run_config(root, "vllm", STEPS, extra)
     with Runtime(config) as runtime:
         fit(runtime, rl_step)
-    return root, read_jsonl(root / "run" / "metrics.jsonl")
+    return root, read_jsonl(root / "run" / "metrics.jsonl"), config
 
 
 def test_grpo_raises_the_training_reward(grpo_run):
-    _, records = grpo_run
+    _, records, _ = grpo_run
     score = scores(records, "score/mean")
     assert sorted(score) == list(range(1, STEPS + 1))
     late = (score[STEPS - 1] + score[STEPS]) / 2
@@ -48,7 +57,7 @@ def test_grpo_raises_the_training_reward(grpo_run):
 
 
 def test_resume_reproduces_the_next_step(grpo_run):
-    root, records = grpo_run
+    root, records, _ = grpo_run
     config = run_config(
         root,
         "vllm",
@@ -63,6 +72,35 @@ def test_resume_reproduces_the_next_step(grpo_run):
     uninterrupted = next(r for r in records if r["step"] == 5)
     for key in ("score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "advantage/std"):
         assert resumed[0][key] == pytest.approx(uninterrupted[key], rel=1e-5, abs=1e-7), key
+
+
+def test_each_phase_is_held_against_the_machine_peak(grpo_run):
+    """With a stored peak for this device, every step logs the update's model FLOP/s over the fp32
+    matmul peak and decoding's bytes/s over the copy bandwidth, within the bounds the step's tokens set:
+    ``6 N`` FLOPs per trained token at least (all rows carry advantage here, or fewer are counted), at
+    most that plus causal attention over sequences of the longest length."""
+    _, records, config = grpo_run
+    shape = policy_shape(config)
+    dense = matmul_parameters(shape)
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    attention = 2 * shape.num_layers * shape.q_dim * (longest + 1)
+    steps = [r for r in records if "perf/total_tokens" in r]
+    assert len(steps) == STEPS
+    for record in steps:
+        assert record["perf/mfu_update"] == pytest.approx(record["perf/update_flops_per_s"] / 1e9, rel=1e-12)
+        flops = record["perf/update_flops_per_s"] * record["timing_s/update"]
+        tokens = record["perf/total_tokens"]
+        trained = 1 - record.get("actor/rows_skipped", 0) / (config.data.train_batch_size * config.rollout.n)
+        low, high = 6 * dense * tokens * trained, 3 * (2 * dense + attention) * tokens
+        assert low * (1 - 1e-9) <= flops <= high * (1 + 1e-9)
+        # Decoding: 2 engines (2 ranks, tp 1) read the fp32 weights once per step, for at most
+        # max_response_length steps; each token reads at most `longest` positions' keys and values.
+        read = record["perf/generation_bytes_per_s"] * record["timing_s/generation"]
+        weights = 2 * count_parameters(shape) * 4
+        kv_per_position = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
+        assert weights <= read <= config.data.max_response_length * weights + tokens * longest * kv_per_position
+        bandwidth = record["perf/generation_bytes_per_s"] / 1e9
+        assert record["perf/generation_bandwidth_frac"] == pytest.approx(bandwidth, rel=1e-12)
 
 
 def test_ppo_with_a_critic_reduces_the_value_loss(ray_cluster, tmp_path):
