@@ -252,13 +252,16 @@ def _throughput(runtime: Runtime, rollouts: Batch) -> dict[str, float]:
 @dataclass(frozen=True)
 class MachineLimits:
     """What `run_step` holds each phase against: the policy's ``shape``, the machine's measured ``peak``,
-    the training layout's ``compute_dtype``, the engine's ``engine_dtype`` and the number of ``engines``."""
+    the training layout's ``compute_dtype``, the engine's ``engine_dtype``, the number of ``engines``, and
+    whether the actor's forwards run each prompt once for all its samples (``shared_prefix``: packed
+    forwards under the varlen SDPA attention, `workers.actor.sequence_log_probs`)."""
 
     shape: ModelShape
     peak: MachinePeak
     compute_dtype: str
     engine_dtype: str
     engines: int
+    shared_prefix: bool
 
 
 def machine_limits(runtime: Runtime) -> MachineLimits | None:
@@ -283,12 +286,16 @@ def machine_limits(runtime: Runtime) -> MachineLimits | None:
     except ConfigError as error:
         logger.info("perf/mfu_* not reported: %s", error)
         return None
+    compute_dtype = config.actor.param_dtype or ("bfloat16" if on_gpu else "float32")
     return MachineLimits(
         shape=shape,
         peak=peak,
-        compute_dtype=config.actor.param_dtype or ("bfloat16" if on_gpu else "float32"),
+        compute_dtype=compute_dtype,
         engine_dtype=config.rollout.dtype or config.model.dtype,
         engines=runtime.sizes.world_size // config.rollout.tp_size,
+        # Half precision on a GPU trains under flash-attn (hybridflow.parallel.choose_attn_implementation),
+        # which runs every row's prompt; elsewhere packed forwards share each prompt.
+        shared_prefix=config.actor.use_packing and not (on_gpu and compute_dtype != "float32"),
     )
 
 
@@ -311,4 +318,5 @@ def _efficiency(
         compute_dtype=limits.compute_dtype,
         engine_dtype=limits.engine_dtype,
         engines=limits.engines,
+        group_ids=rollouts["group_ids"] if limits.shared_prefix and "group_ids" in rollouts else None,
     )

@@ -9,7 +9,8 @@ q/k/v/o and MLP projections and the LM head; an embedding lookup costs none). At
 layer, ``2 q_dim`` FLOPs per (query, key) pair for the scores and as many for the weighted sum. A causal
 sequence of ``s`` tokens has ``s (s + 1) / 2`` such pairs, so its forward adds ``2 L q_dim s (s + 1)``
 and a training pass 3x that. The count is of the causal pairs, the useful work, not the full ``s^2``
-of the PaLM formula: figures for long sequences sit below PaLM-style ones.
+of the PaLM formula: figures for long sequences sit below PaLM-style ones. Where the forwards run each
+prompt once for all its samples (shared-prefix forwards, the CPU default), a prompt is counted once.
 
 Decoding is bound by memory: every decode step reads all weights once, whatever the batch, and each
 sequence reads its keys and values up to its position. Bytes of a generation =
@@ -46,6 +47,7 @@ __all__ = [
     "matmul_parameters",
     "measure_machine_peak",
     "phase_efficiency",
+    "repeated_prompts",
     "save_machine_peak",
     "training_flops",
 ]
@@ -80,18 +82,39 @@ def matmul_parameters(shape: ModelShape) -> int:
     return shape.num_layers * (attention + mlp) + shape.hidden_size * shape.vocab_size
 
 
-def forward_flops(shape: ModelShape, sequence_lengths: Tensor) -> float:
-    """Model FLOPs of one forward over sequences of ``sequence_lengths [rows]`` tokens:
-    ``2 N sum(s) + 2 L q_dim sum(s (s + 1))`` (module docstring)."""
-    lengths = sequence_lengths.double()
-    dense = 2.0 * matmul_parameters(shape) * lengths.sum().item()
-    attention = 2.0 * shape.num_layers * shape.q_dim * (lengths * (lengths + 1)).sum().item()
-    return dense + attention
+def forward_flops(
+    shape: ModelShape, prompt_lengths: Tensor, response_lengths: Tensor, repeated_prompt: Tensor | None = None
+) -> float:
+    """Model FLOPs of one forward over rows of ``prompt_lengths [rows]`` + ``response_lengths [rows]``
+    tokens: ``2 N`` per token plus ``4 L q_dim`` per causal (query, key) pair (module docstring).
+
+    ``repeated_prompt [rows]`` (bool) marks rows whose prompt the forward already ran for another row of
+    the same prompt (shared-prefix forwards, `hybridflow.parallel.shared_prefix`): their prompt tokens
+    and the prompt's own pairs are not counted again, only their response's tokens and pairs.
+    """
+    prompts, responses = prompt_lengths.double(), response_lengths.double()
+    own = torch.ones_like(prompts) if repeated_prompt is None else (~repeated_prompt).double()
+    tokens = (own * prompts + responses).sum().item()
+    # pairs of a sequence of s = p + r tokens, s (s + 1) / 2, split into the prompt's and the response's
+    pairs = (own * prompts * (prompts + 1) / 2 + responses * prompts + responses * (responses + 1) / 2).sum().item()
+    return 2.0 * matmul_parameters(shape) * tokens + 4.0 * shape.num_layers * shape.q_dim * pairs
 
 
-def training_flops(shape: ModelShape, sequence_lengths: Tensor) -> float:
-    """Model FLOPs of a forward and backward over ``sequence_lengths [rows]``: 3x `forward_flops`."""
-    return 3.0 * forward_flops(shape, sequence_lengths)
+def training_flops(
+    shape: ModelShape, prompt_lengths: Tensor, response_lengths: Tensor, repeated_prompt: Tensor | None = None
+) -> float:
+    """Model FLOPs of a forward and backward over the same rows: 3x `forward_flops`."""
+    return 3.0 * forward_flops(shape, prompt_lengths, response_lengths, repeated_prompt)
+
+
+def repeated_prompts(group_ids: Tensor) -> Tensor:
+    """``[rows]`` bool: True on each row whose ``group_ids`` value (its prompt) appeared on an earlier row."""
+    seen: set[int] = set()
+    repeated = []
+    for group in group_ids.tolist():
+        repeated.append(group in seen)
+        seen.add(group)
+    return torch.tensor(repeated, dtype=torch.bool)
 
 
 def decode_bytes(
@@ -218,6 +241,7 @@ def phase_efficiency(
     compute_dtype: str,
     engine_dtype: str,
     engines: int,
+    group_ids: Tensor | None = None,
 ) -> dict[str, float]:
     """Each timed phase's model FLOP/s (or bytes/s) and its fraction of ``peak``.
 
@@ -232,18 +256,22 @@ def phase_efficiency(
         compute_dtype: the training layout's compute dtype (the matmul peak it is held against).
         engine_dtype: the rollout engine's weight and KV dtype.
         engines: rollout engines decoding at once.
+        group_ids: ``[rows]``, each row's prompt, when the training layout's forwards run each prompt
+            once for all its rows (shared-prefix forwards); ``None`` counts every row's prompt.
 
     Returns:
         ``perf/<phase>_flops_per_s`` and ``perf/mfu_<phase>`` for ``update``, ``log_prob`` and ``ref``;
         ``perf/generation_bytes_per_s`` and ``perf/generation_bandwidth_frac`` for ``generation``.
     """
-    lengths = prompt_lengths + response_lengths
     matmul_peak = peak.matmul_flops[compute_dtype]
-    work = {
-        "update": update_passes * training_flops(shape, lengths[updated_rows]),
-        "log_prob": forward_flops(shape, lengths),
-        "ref": forward_flops(shape, lengths),
-    }
+    every = torch.ones_like(updated_rows)
+
+    def counted(rows: Tensor, passes: float) -> float:
+        repeated = None if group_ids is None else repeated_prompts(group_ids[rows])
+        return passes * forward_flops(shape, prompt_lengths[rows], response_lengths[rows], repeated)
+
+    work = {"update": counted(updated_rows, 3.0 * update_passes), "log_prob": counted(every, 1.0)}
+    work["ref"] = work["log_prob"]
     out: dict[str, float] = {}
     for phase, flops in work.items():
         if seconds.get(phase, 0.0) > 0:

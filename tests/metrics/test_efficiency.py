@@ -18,6 +18,7 @@ from hybridflow.metrics.efficiency import (
     matmul_parameters,
     measure_machine_peak,
     phase_efficiency,
+    repeated_prompts,
     save_machine_peak,
     training_flops,
 )
@@ -69,7 +70,7 @@ def test_counts_match_torchs_flop_counter_on_a_real_forward(backward):
     passes = 3 if backward else 1
     full_attention = passes * 4 * SHAPE.num_layers * SHAPE.q_dim * length * length
     causal_attention = passes * 2 * SHAPE.num_layers * SHAPE.q_dim * length * (length + 1)
-    ours = (training_flops if backward else forward_flops)(SHAPE, torch.tensor([length]))
+    ours = (training_flops if backward else forward_flops)(SHAPE, torch.tensor([length - 5]), torch.tensor([5]))
     assert ours - causal_attention == counted - full_attention
 
 
@@ -99,13 +100,29 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
         engine_dtype="float32",
         engines=1,
     )
-    lengths = prompts + responses
-    assert out["perf/mfu_update"] == pytest.approx(2 * training_flops(SHAPE, lengths[updated]) / 2.0 / 4e9)
-    assert out["perf/mfu_log_prob"] == pytest.approx(forward_flops(SHAPE, lengths) / 0.5 / 4e9)
+    update = training_flops(SHAPE, prompts[updated], responses[updated])
+    assert out["perf/mfu_update"] == pytest.approx(2 * update / 2.0 / 4e9)
+    assert out["perf/mfu_log_prob"] == pytest.approx(forward_flops(SHAPE, prompts, responses) / 0.5 / 4e9)
     assert out["perf/generation_bandwidth_frac"] == pytest.approx(
         decode_bytes(SHAPE, prompts, responses, "float32") / 0.25 / 1e8
     )
     assert "perf/mfu_ref" not in out  # not timed this step
+
+
+def test_a_shared_prompt_is_counted_once():
+    """Shared-prefix forwards run a group's prompt once: rows 1 and 2 repeat row 0's prompt (group 7),
+    so only their responses count, and the response tokens' pairs still reach back over the prompt."""
+    prompts, responses = torch.tensor([4, 4, 4, 3]), torch.tensor([2, 3, 1, 2])
+    groups = torch.tensor([7, 7, 7, 9])
+    assert repeated_prompts(groups).tolist() == [False, True, True, False]
+    tokens = 4 + 3 + (2 + 3 + 1 + 2)
+    pairs = 4 * 5 / 2 + 3 * 4 / 2 + (2 * 4 + 3) + (3 * 4 + 6) + (1 * 4 + 1) + (2 * 3 + 3)
+    expected = 2 * matmul_parameters(SHAPE) * tokens + 4 * SHAPE.num_layers * SHAPE.q_dim * pairs
+    assert forward_flops(SHAPE, prompts, responses, repeated_prompts(groups)) == pytest.approx(expected, rel=1e-12)
+    unshared = forward_flops(SHAPE, prompts, responses)
+    lengths = (prompts + responses).double()
+    full = 2 * matmul_parameters(SHAPE) * lengths.sum() + 2 * SHAPE.num_layers * SHAPE.q_dim * (lengths * (lengths + 1)).sum()
+    assert unshared == pytest.approx(full.item(), rel=1e-12)
 
 
 def test_peaks_are_stored_per_device(tmp_path):
@@ -150,7 +167,7 @@ def test_a_matmul_only_workload_reads_near_the_measured_peak():
         for weight in weights:
             x @ weight
 
-    flops = forward_flops(shape, torch.ones(tokens, dtype=torch.long))
+    flops = forward_flops(shape, torch.ones(tokens, dtype=torch.long), torch.zeros(tokens, dtype=torch.long))
     assert flops == pytest.approx(2 * 8 * tokens * hidden * hidden, rel=1e-3)  # attention: 4 FLOPs a row
     fractions = []
     for _ in range(3):  # the machine is shared: the best of ten runs per side, up to three rounds

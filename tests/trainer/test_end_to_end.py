@@ -77,8 +77,9 @@ def test_resume_reproduces_the_next_step(grpo_run):
 def test_each_phase_is_held_against_the_machine_peak(grpo_run):
     """With a stored peak for this device, every step logs the update's model FLOP/s over the fp32
     matmul peak and decoding's bytes/s over the copy bandwidth, within the bounds the step's tokens set:
-    ``6 N`` FLOPs per trained token at least (all rows carry advantage here, or fewer are counted), at
-    most that plus causal attention over sequences of the longest length."""
+    ``6 N`` FLOPs per trained response token at least (the packed forwards run each prompt once for its
+    group, so prompts may count once), at most ``6 N`` per token of every row plus causal attention over
+    sequences of the longest length."""
     _, records, config = grpo_run
     shape = policy_shape(config)
     dense = matmul_parameters(shape)
@@ -90,8 +91,10 @@ def test_each_phase_is_held_against_the_machine_peak(grpo_run):
         assert record["perf/mfu_update"] == pytest.approx(record["perf/update_flops_per_s"] / 1e9, rel=1e-12)
         flops = record["perf/update_flops_per_s"] * record["timing_s/update"]
         tokens = record["perf/total_tokens"]
-        trained = 1 - record.get("actor/rows_skipped", 0) / (config.data.train_batch_size * config.rollout.n)
-        low, high = 6 * dense * tokens * trained, 3 * (2 * dense + attention) * tokens
+        rows = config.data.train_batch_size * config.rollout.n
+        skipped = record.get("actor/rows_skipped", 0) * config.data.max_response_length
+        trained_responses = max(0.0, record["response_length/mean"] * rows - skipped)
+        low, high = 6 * dense * trained_responses, 3 * (2 * dense + attention) * tokens
         assert low * (1 - 1e-9) <= flops <= high * (1 + 1e-9)
         # Decoding: 2 engines (2 ranks, tp 1) read the fp32 weights once per step, for at most
         # max_response_length steps; each token reads at most `longest` positions' keys and values.
