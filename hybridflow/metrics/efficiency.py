@@ -107,13 +107,14 @@ def training_flops(
     return 3.0 * forward_flops(shape, prompt_lengths, response_lengths, repeated_prompt)
 
 
-def repeated_prompts(group_ids: Tensor) -> Tensor:
-    """``[rows]`` bool: True on each row whose ``group_ids`` value (its prompt) appeared on an earlier row."""
-    seen: set[int] = set()
+def repeated_prompts(input_ids: Tensor) -> Tensor:
+    """``[rows]`` bool: True on each row whose prompt ``input_ids [rows, prompt_len]`` (padding
+    included: the same prompt is padded alike) appeared on an earlier row."""
+    seen: set[tuple[int, ...]] = set()
     repeated = []
-    for group in group_ids.tolist():
-        repeated.append(group in seen)
-        seen.add(group)
+    for prompt in map(tuple, input_ids.tolist()):
+        repeated.append(prompt in seen)
+        seen.add(prompt)
     return torch.tensor(repeated, dtype=torch.bool)
 
 
@@ -241,7 +242,7 @@ def phase_efficiency(
     compute_dtype: str,
     engine_dtype: str,
     engines: int,
-    group_ids: Tensor | None = None,
+    prompt_ids: Tensor | None = None,
 ) -> dict[str, float]:
     """Each timed phase's model FLOP/s (or bytes/s) and its fraction of ``peak``.
 
@@ -256,8 +257,8 @@ def phase_efficiency(
         compute_dtype: the training layout's compute dtype (the matmul peak it is held against).
         engine_dtype: the rollout engine's weight and KV dtype.
         engines: rollout engines decoding at once.
-        group_ids: ``[rows]``, each row's prompt, when the training layout's forwards run each prompt
-            once for all its rows (shared-prefix forwards); ``None`` counts every row's prompt.
+        prompt_ids: ``[rows, prompt_len]``, each row's prompt ids, when the training layout's forwards
+            run each prompt once for all its rows (shared-prefix forwards); ``None`` counts every row's.
 
     Returns:
         ``perf/<phase>_flops_per_s`` and ``perf/mfu_<phase>`` for ``update``, ``log_prob`` and ``ref``;
@@ -267,7 +268,7 @@ def phase_efficiency(
     every = torch.ones_like(updated_rows)
 
     def counted(rows: Tensor, passes: float) -> float:
-        repeated = None if group_ids is None else repeated_prompts(group_ids[rows])
+        repeated = None if prompt_ids is None else repeated_prompts(prompt_ids[rows])
         return passes * forward_flops(shape, prompt_lengths[rows], response_lengths[rows], repeated)
 
     work = {"update": counted(updated_rows, 3.0 * update_passes), "log_prob": counted(every, 1.0)}

@@ -110,10 +110,11 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
 
 
 def test_a_shared_prompt_is_counted_once():
-    """Shared-prefix forwards run a group's prompt once: rows 1 and 2 repeat row 0's prompt (group 7),
+    """Shared-prefix forwards run a group's prompt once: rows 1 and 2 repeat row 0's prompt,
     so only their responses count, and the response tokens' pairs still reach back over the prompt."""
     prompts, responses = torch.tensor([4, 4, 4, 3]), torch.tensor([2, 3, 1, 2])
-    groups = torch.tensor([7, 7, 7, 9])
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [0, 6, 7, 9]])  # left-padded
+    groups = ids
     assert repeated_prompts(groups).tolist() == [False, True, True, False]
     tokens = 4 + 3 + (2 + 3 + 1 + 2)
     pairs = 4 * 5 / 2 + 3 * 4 / 2 + (2 * 4 + 3) + (3 * 4 + 6) + (1 * 4 + 1) + (2 * 3 + 3)

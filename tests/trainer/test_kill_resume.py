@@ -47,9 +47,9 @@ SETTINGS = [
     "actor.shuffle=true",
     "actor.weight_decay=0.01",
 ]
-# What a step measures about the machine rather than the training: durations, their shares, rates
-# and memory peaks.
-MACHINE_PREFIXES = ("timing_s/", "timing_share/")
+# What a step measures about the machine rather than the training: durations, their shares, rates,
+# fractions of the machine's peak (logged where this machine has a stored peak) and memory peaks.
+MACHINE_PREFIXES = ("timing_s/", "timing_share/", "perf/mfu_", "perf/generation_bandwidth_frac")
 MACHINE_SUFFIXES = ("_s", "_s_per_rank", "_peak_mb")
 RUN_TIMEOUT_S = 600
 
