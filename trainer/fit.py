@@ -318,5 +318,5 @@ def _efficiency(
         compute_dtype=limits.compute_dtype,
         engine_dtype=limits.engine_dtype,
         engines=limits.engines,
-        prompt_ids=rollouts["input_ids"] if limits.shared_prefix else None,
+        prompt_ids=rollouts["input_ids"] if limits.shared_prefix and "input_ids" in rollouts else None,
     )
