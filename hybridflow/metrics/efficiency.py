@@ -264,7 +264,8 @@ def phase_efficiency(
         ``perf/<phase>_flops_per_s`` and ``perf/mfu_<phase>`` for ``update``, ``log_prob`` and ``ref``;
         ``perf/generation_bytes_per_s`` and ``perf/generation_bandwidth_frac`` for ``generation``.
     """
-    matmul_peak = peak.matmul_flops[compute_dtype]
+    # A peak file measured without this dtype still gives the rates, only not their fractions.
+    matmul_peak = peak.matmul_flops.get(compute_dtype)
     every = torch.ones_like(updated_rows)
 
     def counted(rows: Tensor, passes: float) -> float:
@@ -278,7 +279,8 @@ def phase_efficiency(
         if seconds.get(phase, 0.0) > 0:
             rate = flops / seconds[phase]
             out[f"perf/{phase}_flops_per_s"] = rate
-            out[f"perf/mfu_{phase}"] = rate / matmul_peak
+            if matmul_peak:
+                out[f"perf/mfu_{phase}"] = rate / matmul_peak
     if seconds.get("generation", 0.0) > 0:
         rate = decode_bytes(shape, prompt_lengths, response_lengths, engine_dtype, engines) / seconds["generation"]
         out["perf/generation_bytes_per_s"] = rate

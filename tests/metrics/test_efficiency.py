@@ -107,6 +107,19 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
         decode_bytes(SHAPE, prompts, responses, "float32") / 0.25 / 1e8
     )
     assert "perf/mfu_ref" not in out  # not timed this step
+    float16 = phase_efficiency(
+        SHAPE,
+        peak,
+        {"update": 2.0},
+        prompt_lengths=prompts,
+        response_lengths=responses,
+        updated_rows=updated,
+        update_passes=2,
+        compute_dtype="float16",
+        engine_dtype="float32",
+        engines=1,
+    )
+    assert float16 == {"perf/update_flops_per_s": out["perf/update_flops_per_s"]}  # no float16 peak stored
 
 
 def test_a_shared_prompt_is_counted_once():
