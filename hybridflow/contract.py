@@ -160,13 +160,15 @@ def sampled_response_mask(batch: Batch) -> torch.Tensor:
     mask = batch["response_mask"].bool()
     if SAMPLED_MASK not in batch:
         return mask
-    sampled = batch[SAMPLED_MASK]
-    if sampled.shape != mask.shape:
-        raise ValueError(
-            f"column {SAMPLED_MASK!r} has shape {tuple(sampled.shape)}; it must be response_mask's "
-            f"{tuple(mask.shape)}"
-        )
-    return mask & sampled.bool()
+    return mask & _response_shaped(batch, SAMPLED_MASK).bool()
+
+
+def _response_shaped(batch: Batch, column: str) -> torch.Tensor:
+    """``batch[column]``, refused naming ``column`` when its shape is not ``response_mask``'s."""
+    values, shape = batch[column], batch["response_mask"].shape
+    if values.shape != shape:
+        raise ValueError(f"column {column!r} has shape {tuple(values.shape)}; it must be response_mask's {tuple(shape)}")
+    return values
 
 
 def loss_response_mask(batch: Batch) -> torch.Tensor:
@@ -186,12 +188,7 @@ def loss_response_mask(batch: Batch) -> torch.Tensor:
     mask = batch["response_mask"]
     if LOSS_MASK not in batch:
         return mask
-    weights = batch[LOSS_MASK]
-    if weights.shape != mask.shape:
-        raise ValueError(
-            f"column {LOSS_MASK!r} has shape {tuple(weights.shape)}; it must be response_mask's "
-            f"{tuple(mask.shape)}"
-        )
+    weights = _response_shaped(batch, LOSS_MASK)
     if not weights.is_floating_point():
         weights = weights.float()
     valid = mask.bool()

@@ -3,6 +3,7 @@ torch's own FLOP counter and hand sums, and the MFU of a matmul-only workload ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -158,8 +159,8 @@ def test_a_matmul_only_workload_reads_near_the_measured_peak():
     """A 'model' of one layer whose every FLOP is a large matmul (sequences of one token: no attention
     pairs beyond the token itself), timed as a log-prob phase: its MFU must sit within 10% of 1."""
     tokens, hidden = 1024, 1024
-    shape = ModelShape(
-        model_type="qwen2",
+    shape = dataclasses.replace(
+        SHAPE,
         vocab_size=hidden,
         hidden_size=hidden,
         num_layers=1,
@@ -167,11 +168,6 @@ def test_a_matmul_only_workload_reads_near_the_measured_peak():
         num_kv_heads=1,
         head_dim=hidden,
         intermediate_size=hidden,
-        tie_word_embeddings=False,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        qk_norm=False,
     )
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=generator)
