@@ -170,7 +170,7 @@ def sync_round_s(model: CostModel, batches: list[np.ndarray], engines: int) -> f
 
 def partial_rounds(
     model: CostModel, batches: list[np.ndarray], engines: int, budget: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Partial rollouts: each round takes one new batch and the samples paused before (queued first); a
     sample generates at most ``budget`` tokens per round, then pauses until the next round (after the
     update, so its context is prefilled again). The trainer trains on the round's finished samples.
