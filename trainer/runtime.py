@@ -13,7 +13,7 @@ training monitor, the KL controller and the checkpoints. It does no work of an a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -30,6 +30,7 @@ from hybridflow.rewards import RewardManager
 from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
+from trainer.rollout_queue import PromptStream, RolloutQueue
 from trainer.run_folder import RunStart, open_run
 from trainer.weight_sync import connect_weight_group
 from workers.teacher import check_same_vocabulary
@@ -68,6 +69,10 @@ class Runtime:
         monitor: watches every step's rollouts and metrics for reward drift, reward hacking and stalled
             learning (`hybridflow.metrics.monitor`).
         step_metrics: what the current step has recorded so far (`record`).
+        prompts: the training prompts in data order (`trainer.rollout_queue.PromptStream`); steps take
+            theirs through `next_prompts`, and generation ahead of the trainer looks further along it.
+        rollouts_ahead: the prompt batches in flight on a rollout pool of its own
+            (``async_rollout.max_staleness > 0``, `trainer.rollout_queue.RolloutQueue`).
         startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
@@ -181,7 +186,8 @@ class Runtime:
             resources.callback(self.logger.close)
             self.startup.lap("loggers")
             self._resources = resources.pop_all()
-        self._prompts = self._prompt_stream()
+        self.prompts = PromptStream(self.loader)
+        self.rollouts_ahead = RolloutQueue(config.async_rollout.max_staleness)
 
     # ------------------------------------------------------------------ the step's data
 
@@ -193,8 +199,9 @@ class Runtime:
 
     def next_prompts(self) -> Batch:
         """The next ``data.train_batch_size`` prompts, epoch after epoch; the data position is saved with
-        every checkpoint. A step that needs more prompts than its own (dynamic sampling) calls this."""
-        return next(self._prompts)
+        every checkpoint (batches generated ahead of the trainer but not yet handed out are not counted
+        in it). A step that needs more prompts than its own (dynamic sampling) calls this."""
+        return self.prompts.next()
 
     def record(self, metrics: Mapping[str, float]) -> None:
         """Add ``metrics`` to the current step's metrics (a later value of a key replaces an earlier)."""
@@ -216,7 +223,7 @@ class Runtime:
                 self.critic.save_checkpoint(str(path / "critic"))
 
         state = {
-            "loader": self.loader.state_dict(),
+            "loader": self.prompts.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "monitor": self.monitor.state_dict(),
         }
@@ -240,7 +247,7 @@ class Runtime:
             if self.critic is not None:
                 self.critic.load_checkpoint(str(checkpoint.path / "critic"))
             self.loader.load_state_dict(checkpoint.state["loader"])
-            self._prompts = self._prompt_stream()
+            self.prompts = PromptStream(self.loader)
             if self.kl_ctrl is not None and checkpoint.state["kl_coef"] is not None:
                 self.kl_ctrl.value = checkpoint.state["kl_coef"]
             if "monitor" in checkpoint.state:  # checkpoints written before the monitor existed lack it
@@ -251,10 +258,6 @@ class Runtime:
         return checkpoint
 
     # ------------------------------------------------------------------ helpers
-
-    def _prompt_stream(self) -> Iterator[Batch]:
-        while True:
-            yield from self.loader
 
     def _stop_workers(self) -> None:
         # Colocated roles share their processes: stop each set of processes once.

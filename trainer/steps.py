@@ -41,6 +41,7 @@ from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
+from trainer.rollout_queue import InFlight, staleness_metrics
 from trainer.runtime import Runtime
 from trainer.weight_sync import push_weights
 from workers.objective import ActorLoss
@@ -56,6 +57,7 @@ __all__ = [
     "concat_rollouts",
     "decode_responses",
     "generate",
+    "generate_on_pool",
     "kl_in_reward",
     "old_log_probs",
     "ref_log_probs",
@@ -157,11 +159,11 @@ def sampling_from(section: RolloutConfig | ValSamplingConfig, runtime: Runtime, 
     )
 
 
-def sampling_params(runtime: Runtime) -> SamplingParams:
-    """The configured training sampling, seeded per step so a resumed run samples what the uninterrupted
-    run sampled."""
+def sampling_params(runtime: Runtime, step: int | None = None) -> SamplingParams:
+    """The configured training sampling of ``step`` (default: the current step), seeded per step so a
+    resumed run samples what the uninterrupted run sampled."""
     rollout = runtime.config.rollout
-    return sampling_from(rollout, runtime, (rollout.seed + runtime.step) % 2**31)
+    return sampling_from(rollout, runtime, (rollout.seed + (runtime.step if step is None else step)) % 2**31)
 
 
 @step_columns(
@@ -175,26 +177,97 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
 
     Rows come ``n`` consecutive per prompt, the prompt columns repeated. The layout switches' timing and
     memory are recorded as ``resharding/*`` and ``timing_s/generate*``. With the rollout on a pool of its
-    own, the actor's current weights are pushed to its engines first (`sync_rollout`), and each row
-    carries the ``policy_version`` it was sampled with.
+    own (`generate_on_pool`), the actor's current weights are pushed to its engines first, each row
+    carries the ``policy_version`` it was sampled with, and with ``async_rollout.max_staleness > 0`` the
+    rows are those the pool generated ahead, while earlier steps trained.
     """
-    sampling = sampling or sampling_params(runtime)
-    sync_rollout(runtime)
-    with runtime.timer.phase("generation"):
-        rollouts = runtime.rollout.generate_sequences(_counted(runtime, prompts), sampling)
+    if runtime.rollout is not runtime.actor:
+        rollouts = generate_on_pool(runtime, prompts, sampling)
+    else:
+        with runtime.timer.phase("generation"):
+            rollouts = runtime.actor.generate_sequences(
+                _counted(runtime, prompts), sampling or sampling_params(runtime)
+            )
     runtime.record(rollouts.meta.pop("rollout_metrics"))
     _add(runtime, GENERATED_METRIC, float(rollouts["response_mask"].sum()))
-    return rollouts | add_group_ids(rollouts, sampling.n) | decode_responses(rollouts, runtime.tokenizer)
+    n = len(rollouts) // len(prompts)
+    return rollouts | add_group_ids(rollouts, n) | decode_responses(rollouts, runtime.tokenizer)
 
 
-def sync_rollout(runtime: Runtime) -> None:
+def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:
+    """``prompts``' rollouts from a rollout pool of its own, generated up to ``async_rollout.max_staleness``
+    batches ahead of the trainer (`trainer.rollout_queue`).
+
+    When the pool holds no batch (staleness 0, the first step, a resumed run), the engines are brought
+    to the actor's version and given ``prompts``. Otherwise the oldest batch in flight must be
+    ``prompts`` (the same object `Runtime.next_prompts` handed out). After collecting it, the weights of
+    the updates since the last push go to the engines and the prompt stream's next batches are
+    admitted, each with the sampling of the step that will train it, until ``k =
+    async_rollout.max_staleness`` are in flight: the pool samples step ``t + 1`` while step ``t``
+    trains. Admission stops at ``k`` ahead and at ``trainer.total_steps``; nothing is dropped.
+
+    The pool is refilled only once it has handed over every batch it held, since a push waits for the
+    engines' queued generations: with ``k = 1`` that is every step; with ``k > 1`` the pool takes ``k``
+    batches at a time, all on the version of the step that admits them, which the ``k``-th step after
+    trains at staleness ``k``.
+
+    Records ``async/*`` (`trainer.rollout_queue.staleness_metrics`, ``async/trainer_wait_s``,
+    ``async/in_flight``, ``async/pool_generate_s``) and times the wait as the ``generation`` phase at
+    staleness 0, else as ``rollout_wait`` (the engines' own seconds are ``timing_s/generate``).
+    """
+    queue = runtime.rollouts_ahead
+    ahead = queue.max_staleness
+    version: int | None = None
+    if not len(queue):
+        version = sync_rollout(runtime)
+        _admit(runtime, prompts, runtime.step, sampling or sampling_params(runtime))
+    with runtime.timer.phase("rollout_wait" if ahead else "generation"):
+        rollouts, waited = queue.take(prompts, sampling)
+    if not len(queue):
+        # The pool is idle: the weights of the updates since the last push go out (a push waits for
+        # the batches the pool holds), then the next batches are admitted.
+        version = version if version is not None else sync_rollout(runtime)
+        _fill(runtime)
+    if version is None:
+        version = runtime.actor.policy_version()[0]
+    runtime.record(
+        {
+            **staleness_metrics(rollouts, version, ahead, runtime.step_metrics),
+            "async/trainer_wait_s": runtime.step_metrics.get("async/trainer_wait_s", 0.0) + waited,
+            "async/in_flight": float(len(queue)),
+            "async/pool_generate_s": runtime.step_metrics.get("async/pool_generate_s", 0.0)
+            + rollouts.meta["rollout_metrics"]["timing_s/generate"],
+        }
+    )
+    return rollouts
+
+
+def _admit(runtime: Runtime, prompts: Batch, step: int, sampling: SamplingParams) -> None:
+    future = runtime.rollout.generate_sequences.submit(_counted(runtime, prompts), sampling)
+    runtime.rollouts_ahead.admit(InFlight(prompts, step, sampling, future))
+
+
+def _fill(runtime: Runtime) -> None:
+    """Admit the prompt stream's next batches until ``async_rollout.max_staleness`` are in flight (none
+    past ``trainer.total_steps``); each is sampled as its own step would be."""
+    queue = runtime.rollouts_ahead
+    while len(queue) < queue.max_staleness and (step := runtime.step + len(queue) + 1) <= runtime.total_steps:
+        prompts = runtime.prompts.peek(len(queue))
+        _admit(runtime, prompts, step, sampling_params(runtime, step))
+
+
+def sync_rollout(runtime: Runtime) -> int:
     """With the rollout on a pool of its own, bring its engines to the actor's current policy version
     (`trainer.weight_sync.push_weights`), timed as the ``weight_push`` phase, its ``weight_push/*`` and
-    ``rollout/*`` metrics recorded. Colocated, nothing to do: the engine is fed in-process as it generates."""
+    ``rollout/*`` metrics recorded; returns that version. The push waits for the generation the pool is
+    running: the engines take it after every batch admitted before. Colocated, nothing to do (returns
+    -1): the engine is fed in-process as it generates."""
     if runtime.rollout is runtime.actor:
-        return
+        return -1
     with runtime.timer.phase("weight_push"):
-        runtime.record(push_weights(runtime.actor, runtime.rollout))
+        metrics = push_weights(runtime.actor, runtime.rollout)
+    runtime.record(metrics)
+    return int(metrics["rollout/policy_version"])
 
 
 def reward_scores(runtime: Runtime, rollouts: Batch) -> tuple[Batch, dict[str, float]]:

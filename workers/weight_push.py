@@ -57,6 +57,11 @@ class WeightPushing:
             lora=self.actor_config.lora,
         )
 
+    @register(dispatch="one_to_all", execute="rank_zero")
+    def policy_version(self) -> int:
+        """The trainer's policy version: the actor updates so far (``update_steps``)."""
+        return self.update_steps
+
     @register(dispatch="one_to_all", blocking=False)
     def push_weights(self) -> dict[str, float]:
         """Broadcast the current weights under version ``update_steps`` if the engines do not serve it

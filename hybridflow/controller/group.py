@@ -78,20 +78,24 @@ class _GroupMethod:
         self.__name__ = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        future = self.submit(*args, **kwargs)
+        if not self._spec.blocking:
+            return future
+        result = future.get()
+        if isinstance(result, Batch):
+            require_columns(result, self._spec.writes, f"{self._group.role}.{self._name}", produced=True)
+        return result
+
+    def submit(self, *args: Any, **kwargs: Any) -> GroupFuture:
+        """Start the call and return its `GroupFuture` without waiting, even for a blocking method (a
+        step that keeps a pool busy while it works elsewhere)."""
         spec = self._spec
-        where = f"{self._group.role}.{self._name}"
         if spec.prepare is not None:
             args, kwargs = spec.prepare(args, kwargs)
         batch = first_batch(args, kwargs)
         if batch is not None:
-            require_columns(batch, spec.reads, where)
-        future = self._group._call(self._name, spec, args, kwargs)
-        if not spec.blocking:
-            return future
-        result = future.get()
-        if isinstance(result, Batch):
-            require_columns(result, spec.writes, where, produced=True)
-        return result
+            require_columns(batch, spec.reads, f"{self._group.role}.{self._name}")
+        return self._group._call(self._name, spec, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<group method {self._group.role}.{self._name} dispatch={self._spec.dispatch!r}>"

@@ -1,4 +1,5 @@
-"""A GRPO run with the rollout on a pool of its own equals the colocated run (synchronous mode).
+"""A GRPO run with the rollout on a pool of its own equals the colocated run (synchronous mode:
+``async_rollout.max_staleness: 0``, through the same admission path as generation ahead).
 
 Both runs: the target-character task of the trainer tests, the HF engine, 1 training rank, 3 steps,
 fp32 throughout, the same seeds. Split: the engine runs in a pool of 1 slot of its own and takes the
@@ -31,6 +32,7 @@ COMMON = [
 SPLIT = [
     "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}",
     "resource.placement={rollout: rollout_pool}",
+    "async_rollout.max_staleness=0",  # the pool generates each step's batch when the step asks for it
 ]
 
 
@@ -86,3 +88,5 @@ def test_split_run_reports_each_push(runs):
         assert record["weight_push/mb"] > 0
         assert record["weight_push/buckets"] >= 1
         assert "timing_s/weight_push" in record
+        # Staleness 0: every token trained on the version the trainer is at, nothing left in flight.
+        assert record["async/staleness_max"] == 0 and record["async/in_flight"] == 0

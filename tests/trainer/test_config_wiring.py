@@ -90,6 +90,7 @@ RUNTIME_READS: dict[str, str] = {
     "trainer.output_dir": "config.trainer.output_dir",
     "trainer.wandb_mode": "config.trainer.wandb_mode",
     "recipe": "config.recipe",
+    "async_rollout.max_staleness": "config.async_rollout.max_staleness",
 }
 
 EXTRA_POOL = "resource.pools={extra: {nodes: 1, slots_per_node: 1}}"

@@ -315,6 +315,12 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
             "multi-turn episodes (agent) run only on the colocated engine; leave the rollout on the actor's pool",
             "agent",
         )
+    if config.async_rollout.max_staleness > 0 and not resource.splits_rollout:
+        problems.add(
+            "async_rollout.max_staleness",
+            f"{config.async_rollout.max_staleness} generates ahead of the trainer, which needs the rollout on a "
+            "pool of its own (resource.placement.rollout); the colocated engine shares the trainer's processes",
+        )
 
 
 def _check_trainer(config: RunConfig, problems: Problems) -> None:

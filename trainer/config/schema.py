@@ -38,6 +38,7 @@ __all__ = [
     "ActorConfig",
     "AgentConfig",
     "AlgorithmConfig",
+    "AsyncRolloutConfig",
     "CriticConfig",
     "DataConfig",
     "KLControlConfig",
@@ -208,6 +209,18 @@ class ResourceConfig:
 
 
 @dataclass(frozen=True)
+class AsyncRolloutConfig:
+    """Generation ahead of the trainer, on a rollout pool of its own (docs/rollout_service.md).
+
+    ``max_staleness`` bounds the gap, in policy versions, between the trainer and the oldest token it
+    trains on: at most that many prompt batches are admitted to the rollout pool ahead of the trainer's
+    step. 0 is synchronous; 1 generates the next batch while this one trains (one-step-off-policy).
+    """
+
+    max_staleness: int = config_field(0, ge=0)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """The run: its length, validation, checkpoints, logging and output folder.
 
@@ -251,6 +264,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     critic: CriticConfig | None = None
