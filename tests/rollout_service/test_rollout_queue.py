@@ -99,3 +99,5 @@ def test_generating_ahead_needs_a_rollout_pool(tmp_path):
         load_config(None, [*base, "async_rollout.max_staleness=-1"])
     split = ["resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}", "resource.placement={rollout: rollout_pool}"]
     assert load_config(None, [*base, *split, "async_rollout.max_staleness=2"]).async_rollout.max_staleness == 2
+    with pytest.raises(ConfigError, match=r"resharding\.max_log_prob_gap: rows generated ahead"):
+        load_config(None, [*base, *split, "async_rollout.max_staleness=1", "resharding.max_log_prob_gap=0.001"])

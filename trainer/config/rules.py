@@ -321,6 +321,13 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
             f"{config.async_rollout.max_staleness} generates ahead of the trainer, which needs the rollout on a "
             "pool of its own (resource.placement.rollout); the colocated engine shares the trainer's processes",
         )
+    if config.async_rollout.max_staleness > 0 and config.resharding.max_log_prob_gap is not None:
+        problems.add(
+            "resharding.max_log_prob_gap",
+            "rows generated ahead carry an older policy's log-probs, so the rollout-vs-trainer gap measures "
+            "the updates in between, not the weight push; leave it null with async_rollout.max_staleness > 0",
+            "async_rollout.max_staleness",
+        )
 
 
 def _check_trainer(config: RunConfig, problems: Problems) -> None:
