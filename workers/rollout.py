@@ -19,6 +19,7 @@ from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import build_meshes
 from hybridflow.protocol import Batch
 from hybridflow.resharding.transport import BroadcastReceiver, open_weight_group
+from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import EngineDerived, RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
@@ -86,6 +87,11 @@ class RolloutWorker(Worker):
         """The policy version this rank's engine serves."""
         return self.policy_version
 
+    def _sample(self, engine: RolloutEngine, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """The rollouts of `generate_sequences`: ``engine.generate``. A worker class overrides it for
+        another kind of rollout, as it overrides the actor's `_sample` when the engine is colocated."""
+        return engine.generate(prompts, sampling)
+
     @register(
         dispatch=DataParallel("infer"),
         reads=("input_ids", "attention_mask"),
@@ -98,7 +104,7 @@ class RolloutWorker(Worker):
         ``meta["rollout_metrics"]`` (``timing_s/generate``, the slowest rank's).
         """
         start = time.perf_counter()
-        rollouts = self.engine.generate(prompts, sampling)
+        rollouts = self._sample(self.engine, prompts, sampling)
         rows = len(rollouts)
         version = torch.full((rows,), self.policy_version, dtype=torch.int64)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
