@@ -1,15 +1,20 @@
-"""One-step-off-policy GRPO (``async_rollout.max_staleness: 1``) on a rollout pool of its own.
+"""One-step-off-policy GRPO (``async_rollout.max_staleness: 1``) on a rollout pool of its own, stopped
+and resumed while a batch is in flight.
 
 One run: the target-character task of the trainer tests, the HF engine on a pool of 1 slot, the actor
-on 1 slot, 4 steps, fp32. The step function keeps each step's prompts, rollouts and the actor's weights
-before its update (the weights of version ``step - 1``).
+on 1 slot, 4 steps, fp32, a checkpoint every 2 steps. It stops after step 2, when step 3's batch is
+already generating on the pool, and a new runtime resumes it from that checkpoint for steps 3 and 4.
+The step function keeps each step's prompts, rollouts and the actor's weights before its update (the
+weights of version ``step - 1``).
 
 By hand: step 1 has nothing generated ahead, so its batch is sampled on version 0 and trained at
-version 0 (staleness 0). Step 1 then admits step 2's batch before its update, on version 0; step 2
-trains it at version 1 (staleness 1) and admits step 3's on version 1; so step ``s >= 2`` trains rows
-of version ``s - 2``. Step 4 admits nothing (the run has 4 steps). The rows of step ``s`` must be what
-an engine on the weights of version ``s - 2`` samples for step ``s``'s prompts with step ``s``'s seed:
-the pipelining changes when a batch is generated, not what.
+version 0 (staleness 0). Step 1 admits step 2's batch before its update, on version 0; step 2 trains
+it at version 1 (staleness 1) and admits step 3's on version 1. The checkpoint of step 2 does not count
+that batch as handed out, so the resumed run samples step 3's prompts again, on version 2 (staleness 0),
+and admits step 4's on version 2 (staleness 1 at step 4). The prompts trained are the data order's, none
+lost or repeated across the resume. The rows of each step must be what an engine on the weights of
+their version samples for the step's prompts with the step's seed: the pipelining changes when a batch
+is generated, not what.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from hybridflow.rollout.factory import build_rollout_engine
 from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
 from trainer.config import derive_sizes, derive_values
-from trainer.fit import fit
+from trainer.fit import StopAt, fit
 from trainer.runtime import Runtime
 from trainer.steps import sampling_params
 
@@ -38,7 +43,10 @@ ONE_STEP_OFF = [
     "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}",
     "resource.placement={rollout: rollout_pool}",
     "async_rollout.max_staleness=1",
+    "trainer.save_every=2",
 ]
+VERSIONS = [0, 0, 2, 2]
+"""The policy version of each step's rows (module docstring)."""
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +63,9 @@ def run(ray_cluster, tmp_path_factory):
         rollouts.append(rl_step(runtime, batch))
         return rollouts[-1]
 
+    with Runtime(config) as runtime:
+        fit(runtime, step, stop=StopAt(steps=2))  # step 3's batch is in flight when this one stops
+        assert len(runtime.rollouts_ahead) == 1
     with Runtime(config) as runtime:
         fit(runtime, step)
         model_dir, data = runtime.model_dir, runtime.train_data
@@ -73,26 +84,28 @@ def run(ray_cluster, tmp_path_factory):
     }
 
 
-def test_rows_carry_the_version_before_the_previous_update(run):
+def test_rows_carry_the_version_the_engine_served(run):
     versions = [r["policy_version"].unique().tolist() for r in run["rollouts"]]
-    assert versions == [[0], [0], [1], [2]]
+    assert versions == [[v] for v in VERSIONS]
 
 
-def test_staleness_stays_within_one_and_is_zero_at_the_first_step(run):
+def test_staleness_stays_within_one_and_is_zero_where_nothing_was_ahead(run):
     log = run["log"]
     assert [record["step"] for record in log] == [1, 2, 3, 4]
-    assert [record["async/staleness_max"] for record in log] == [0, 1, 1, 1]
-    assert [record["async/staleness_mean"] for record in log] == [0, 1, 1, 1]
-    for record, rollouts in zip(log, run["rollouts"], strict=True):
+    staleness = [step - 1 - version for step, version in enumerate(VERSIONS, start=1)]
+    assert staleness == [0, 1, 0, 1]
+    assert [record["async/staleness_max"] for record in log] == staleness
+    assert [record["async/staleness_mean"] for record in log] == staleness
+    for record, rollouts, stale in zip(log, run["rollouts"], staleness, strict=True):
         tokens = float(rollouts["response_mask"].sum())
-        expected = (tokens, 0.0) if record["step"] == 1 else (0.0, tokens)
+        expected = (0.0, tokens) if stale else (tokens, 0.0)
         assert (record["async/tokens_staleness_0"], record["async/tokens_staleness_1"]) == expected
         assert record["async/trainer_wait_s"] >= 0 and record["async/pool_generate_s"] > 0
     # One batch ahead while another step follows; none past the last step.
     assert [record["async/in_flight"] for record in log] == [1, 1, 1, 0]
 
 
-def test_prompts_follow_the_data_order_none_skipped_or_repeated(run):
+def test_prompts_follow_the_data_order_across_the_resume(run):
     config = run["config"].data
     loader = PromptLoader(run["data"], config.train_batch_size, run["pad_id"], seed=config.seed, shuffle=config.shuffle)
     expected = [list(batch["index"]) for batch, _ in zip(loader, range(STEPS), strict=False)]
@@ -111,8 +124,8 @@ def test_each_batch_is_what_the_engine_on_its_version_samples(run):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the pool's engine computes
     try:
-        for step in range(2, STEPS + 1):
-            engine.update_weights(iter(run["weights"][step - 2].items()))  # version step - 2
+        for step, version in enumerate(VERSIONS, start=1):
+            engine.update_weights(iter(run["weights"][version].items()))
             expected = engine.generate(run["prompts"][step - 1], run["sampling"][step - 1])
             got = run["rollouts"][step - 1]
             assert torch.equal(got["responses"], expected["responses"]), f"step {step}"
