@@ -6,7 +6,7 @@
               format warm start at its size (`student_start`); every method starts from that checkpoint.
 
 The four methods, at the same student budget of ``--steps`` optimizer steps of ``data.train_batch_size``
-prompts x ``rollout.n`` sequences (recipes/opd/config.yaml: 16 x 4), lr 1e-3 (the recipe's):
+prompts x ``rollout.n`` sequences (recipes/opd/config.yaml: 16 x 4) at one learning rate ``--lr``:
 
     opd        on-policy distillation (`recipes.opd.main.opd_step`);
     sft        supervised steps on the teacher's greedy answers to ``steps x 16`` training prompts, 64
@@ -44,7 +44,7 @@ from recipes.opd.main import DATA, HERE, opd_step
 from recipes.opd.sft_data import greedy_answers, relabelled
 from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config
-from trainer.fit import GENERATED_METRIC, TRAINING_SECONDS_METRIC, fit
+from trainer.fit import GENERATED_METRIC, TRAINING_SECONDS_METRIC, StepFn, fit
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
 from trainer.warm_start import WarmStartConfig, greedy_accuracy, warm_start, warm_started_model
@@ -56,19 +56,24 @@ STUDENT_WARM_START = WarmStartConfig(min_accuracy=0.25, max_steps=3000, extend_e
 """The demo's warm start (290 steps of 128 rows at lr 1e-3), extended in blocks of 20 steps until 25%."""
 METHODS = ("opd", "sft", "grpo", "opd_grpo")
 ACCURACY = "val/accuracy"
-LR = 1.0e-3
 SFT_ROWS = 64  # rows per supervised step: the RL methods' 16 prompts x 4 samples
 
 
-def train_teacher(seed: int = 0) -> dict[str, float]:
-    """The arithmetic demo's GRPO run (its config.yaml, seed ``seed``), with the final policy exported to
+def train_teacher(steps: int, seed: int = 0) -> dict[str, float]:
+    """The arithmetic demo's GRPO run (its config.yaml, seed ``seed``) for ``steps`` steps (its cosine
+    schedule over them; held-out accuracy at the start, half-way and the end), the final policy exported to
     ``TEACHER/final/hf``; returns its held-out greedy accuracy before and after and the seconds taken,
     also written to ``TEACHER/teacher.json``."""
     start = time.monotonic()
     data_dir = ensure_arithmetic_splits(CACHE / "data")
     warm = replace(WARM_START, seed=seed)
     model_dir, _ = warm_started_model(demo_config(data_dir, seed, []), CACHE, warm)
-    overrides = [f"trainer.output_dir={TEACHER / 'run'}", "trainer.existing_output=delete"]
+    overrides = [
+        f"trainer.total_steps={steps}",
+        f"trainer.val_every={steps // 2}",
+        f"trainer.output_dir={TEACHER / 'run'}",
+        "trainer.existing_output=delete",
+    ]
     config = demo_config(data_dir, seed, overrides, model_dir)
     with start_ray(config), Runtime(config) as runtime:
         fit(runtime, rl_step)
@@ -97,7 +102,7 @@ def student_start() -> tuple[Path, float]:
     return warm_started_model(student_config(), STUDENT_CACHE, STUDENT_WARM_START)
 
 
-def run_sft(seed: int, steps: int, folder: Path) -> dict[str, float]:
+def run_sft(seed: int, steps: int, lr: float, folder: Path) -> dict[str, float]:
     """Off-policy distillation: the teacher's greedy answers to ``steps x data.train_batch_size``
     training prompts (drawn by ``seed``), then ``steps`` supervised steps of `SFT_ROWS` rows drawn from
     them with replacement, from the student's start."""
@@ -114,19 +119,20 @@ def run_sft(seed: int, steps: int, folder: Path) -> dict[str, float]:
     teacher_seconds = time.monotonic() - teacher_started
     teacher_tokens = sum(len(tokenizer.encode(a, add_special_tokens=False)) + 1 for a in answers)  # + eos
     rows = relabelled(pool, answers)
-    settings = WarmStartConfig(steps=steps, batch_size=SFT_ROWS, lr=LR, seed=seed)
+    settings = WarmStartConfig(steps=steps, batch_size=SFT_ROWS, lr=lr, seed=seed)
     result = warm_start(start_dir, tokenizer, rows, held_out, folder / "model", settings)
-    # warm_start's seconds include its one held-out measurement at the end; time one and take it off.
+    # warm_start's seconds include its one held-out measurement at the end: time one more, for the table's note.
     measured = time.monotonic()
-    after = greedy_accuracy(load_causal_lm(folder / "model"), tokenizer, held_out)
+    greedy_accuracy(load_causal_lm(folder / "model"), tokenizer, held_out)
     measure_seconds = time.monotonic() - measured
     return {
         "before": before,
-        "after": after,
+        "after": result.accuracy,
         "steps": steps,
         "prompts": len(pool),
         "student_generated_tokens": 0,
-        "student_seconds": result.seconds - measure_seconds,
+        "student_seconds": result.seconds,
+        "held_out_measure_seconds": measure_seconds,
         "teacher_generated_tokens": teacher_tokens,
         "teacher_seconds": teacher_seconds,
         "teacher_label_accuracy": statistics.fmean(
@@ -135,7 +141,7 @@ def run_sft(seed: int, steps: int, folder: Path) -> dict[str, float]:
     }
 
 
-def switching_step(switch_after: int):
+def switching_step(switch_after: int) -> StepFn:
     """OPD for steps 1..``switch_after``, GRPO (`rl_step`) after."""
 
     def step(runtime: Runtime, prompts: Batch) -> Batch:
@@ -144,7 +150,7 @@ def switching_step(switch_after: int):
     return step
 
 
-def run_rl(method: str, seed: int, steps: int, folder: Path) -> dict[str, float]:
+def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[str, float]:
     """One Ray run of ``method`` (opd, grpo, opd_grpo) from the student's start; its numbers from the
     run's metrics.jsonl."""
     start_dir, _ = student_start()
@@ -153,7 +159,7 @@ def run_rl(method: str, seed: int, steps: int, folder: Path) -> dict[str, float]
         f"data.seed={seed}",
         f"rollout.seed={seed}",
         "rollout.engine=hf",
-        f"actor.lr={LR}",
+        f"actor.lr={lr}",
         f"trainer.total_steps={steps}",
         f"trainer.val_every={steps // 2}",
         "trainer.val_before_train=true",
@@ -184,12 +190,13 @@ def run_rl(method: str, seed: int, steps: int, folder: Path) -> dict[str, float]
     }
 
 
-def run_one(method: str, seed: int, steps: int) -> dict[str, float]:
+def run_one(method: str, seed: int, steps: int, lr: float) -> dict[str, float]:
     """Run ``method`` with ``seed``; write its numbers to ``OUT/<method>/seed<seed>/result.json``."""
     folder = OUT / method / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    result = run_sft(seed, steps, folder) if method == "sft" else run_rl(method, seed, steps, folder)
-    (folder / "result.json").write_text(json.dumps({"method": method, "seed": seed, **result}, indent=1))
+    result = run_sft(seed, steps, lr, folder) if method == "sft" else run_rl(method, seed, steps, lr, folder)
+    record = {"method": method, "seed": seed, "lr": lr, **result}
+    (folder / "result.json").write_text(json.dumps(record, indent=1))
     return result
 
 
@@ -236,25 +243,27 @@ def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="recipes/opd/gap.py", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["teacher", "student", "run", "grid", "table"])
     parser.add_argument("--steps", type=int, default=80, help="student optimizer steps per method (default 80)")
+    parser.add_argument("--teacher-steps", type=int, default=250, help="the teacher's GRPO steps (default 250, the demo's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of every method (default 1e-4)")
     args = parser.parse_args(argv)
     if args.command == "teacher":
-        print(json.dumps(train_teacher(), indent=1))
+        print(json.dumps(train_teacher(args.teacher_steps), indent=1))
     elif args.command == "student":
         folder, accuracy = student_start()
         print(f"student start: {folder} ({accuracy:.1%} held-out greedy accuracy)")
     elif args.command == "run":
         for method in args.methods:
             for seed in args.seeds:
-                print(json.dumps(run_one(method, seed, args.steps), indent=1))
+                print(json.dumps(run_one(method, seed, args.steps, args.lr), indent=1))
     elif args.command == "grid":
         # Seed-major, each run in its own process: a finished seed of every method comes before the next
         # seed, and one run's failure leaves the others' results.
         for seed in args.seeds:
             for method in args.methods:
                 command = [sys.executable, "-m", "recipes.opd.gap", "run", "--methods", method, "--seeds",
-                           str(seed), "--steps", str(args.steps)]
+                           str(seed), "--steps", str(args.steps), "--lr", str(args.lr)]
                 code = subprocess.run(command, check=False).returncode
                 if code:
                     print(f"{method} seed {seed} failed (exit {code})", file=sys.stderr)
