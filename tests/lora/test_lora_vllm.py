@@ -34,7 +34,7 @@ def vllm_run(ray_cluster, tmp_path_factory):
     policy_dir = write_policy(tmp_path_factory.mktemp("lora_vllm_policy"), seed=4)
     actor = adam_actor(lr=2e-2, grad_clip=None, ppo_mini_batch_size=ROWS, ppo_micro_batch_size=2, lora=LORA)
     # One rank: the 2-rank adapter gather is tested with the HF engine (test_lora_actor.py).
-    group, pool = actor_group(policy_dir, 1, actor, vllm_rollout(1, enforce_eager=True), name="lora-vllm")
+    group, pool = actor_group(policy_dir, 1, actor, vllm_rollout(1), name="lora-vllm")
     try:
         out: dict[str, object] = {"before": group.generate_sequences(prompts(), SAMPLING)}
         out["before_lp"] = group.compute_log_prob(out["before"], temperature=1.0)["old_log_probs"]

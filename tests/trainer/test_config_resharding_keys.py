@@ -30,8 +30,8 @@ def _switches(policy, free_kv_cache: bool) -> list[tuple[str, int]]:
         actor_args(
             policy,
             ADAM,
-            # Eager: the cache's bytes are the same either way, and compile only slows the start.
-            vllm_rollout(1, enforce_eager=True),
+            # Eager (the helper's default): the cache's bytes are the same either way.
+            vllm_rollout(1),
             ReshardingConfig(bucket_bytes=1 << 16, free_kv_cache=free_kv_cache),
             with_ref=False,
         ),

@@ -119,9 +119,11 @@ def actor_group(
 
 
 def vllm_rollout(tp: int, **overrides) -> RolloutConfig:
-    return RolloutConfig(
-        engine="vllm", tp_size=tp, cache_dir=str(CACHE_DIR), kv_cache_bytes=32 << 20, **overrides
-    )
+    """The vLLM engine at ``tp`` with a 32 MB KV cache, eager unless ``overrides`` say otherwise: the worker
+    tests check which weights and memory the engine holds, and vLLM's compile only slows each start
+    (20-40 s a group, even with its cache filled)."""
+    settings = {"enforce_eager": True, **overrides}
+    return RolloutConfig(engine="vllm", tp_size=tp, cache_dir=str(CACHE_DIR), kv_cache_bytes=32 << 20, **settings)
 
 
 def write_reward_model(
