@@ -1,5 +1,6 @@
-"""The trainer's start-up report on a real 2-rank run: its parts, in order, add up to the wall time
-from the trainer's construction to the first step, and it is logged once."""
+"""The trainer's start-up report on a real run (one rank: the parts are the driver's timings, whatever
+the number of ranks): its parts, in order, add up to the wall time from the trainer's construction to
+the first step, and it is logged once."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ PARTS = [
 
 def test_the_startup_report_splits_the_time_before_the_first_step(ray_cluster, tmp_path):
     config = run_config(
-        write_task(tmp_path), "hf", steps=2, extra=["trainer.val_before_train=true", "trainer.val_every=0"]
+        write_task(tmp_path),
+        "hf",
+        steps=2,
+        extra=["trainer.val_before_train=true", "trainer.val_every=0", "resource.slots_per_node=1"],
     )
     first_step_at: list[float] = []
 
