@@ -31,7 +31,7 @@ from trainer.algorithms import rl_step
 from trainer.config import derive_sizes, derive_values
 from trainer.fit import StopAt, fit
 from trainer.runtime import Runtime
-from trainer.steps import sampling_params
+from trainer.steps import generate, sampling_params
 
 STEPS = 4
 ONE_STEP_OFF = [
@@ -66,6 +66,12 @@ def run(ray_cluster, tmp_path_factory):
     with Runtime(config) as runtime:
         fit(runtime, step, stop=StopAt(steps=2))  # step 3's batch is in flight when this one stops
         assert len(runtime.rollouts_ahead) == 1
+        refusals = []
+        head = runtime.prompts.peek(0)  # the batch in flight
+        for wrong, sampling in ((runtime.prompts.peek(1), None), (head, sampling_params(runtime, 4))):
+            with pytest.raises(ValueError) as refused:
+                generate(runtime, wrong, sampling)
+            refusals.append(str(refused.value))
     with Runtime(config) as runtime:
         fit(runtime, step)
         model_dir, data = runtime.model_dir, runtime.train_data
@@ -81,6 +87,7 @@ def run(ray_cluster, tmp_path_factory):
         "weights": weights,
         "sampling": seeds,
         "log": read_jsonl(root / "run" / "metrics.jsonl"),
+        "refusals": refusals,
     }
 
 
@@ -138,3 +145,9 @@ def test_each_batch_is_what_the_engine_on_its_version_samples(run):
         assert not torch.equal(newest["rollout_log_probs"], run["rollouts"][-1]["rollout_log_probs"])
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_step_cannot_bring_its_own_prompts_or_sampling_while_a_batch_is_in_flight(run):
+    other_prompts, other_sampling = run["refusals"]
+    assert "passed a batch the rollout pool was not given (the pool holds the batch of step 3 next)" in other_prompts
+    assert "the pool started step 3's batch with" in other_sampling
