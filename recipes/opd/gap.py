@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import subprocess
 import sys
@@ -190,9 +191,9 @@ def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[
     }
 
 
-def run_one(method: str, seed: int, steps: int, lr: float) -> dict[str, float]:
-    """Run ``method`` with ``seed``; write its numbers to ``OUT/<method>/seed<seed>/result.json``."""
-    folder = OUT / method / f"seed{seed}"
+def run_one(method: str, seed: int, steps: int, lr: float, results: Path = OUT) -> dict[str, float]:
+    """Run ``method`` with ``seed``; write its numbers to ``results/<method>/seed<seed>/result.json``."""
+    folder = results / method / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     result = run_sft(seed, steps, lr, folder) if method == "sft" else run_rl(method, seed, steps, lr, folder)
     record = {"method": method, "seed": seed, "lr": lr, **result}
@@ -200,41 +201,43 @@ def run_one(method: str, seed: int, steps: int, lr: float) -> dict[str, float]:
     return result
 
 
-def table() -> list[str]:
-    """The markdown table of every finished run under ``OUT``: one row per method and seed, then the
+def table(results: Path = OUT) -> list[str]:
+    """The markdown table of every finished run under ``results``: one row per method and seed, then the
     mean of each method, with the gap to the teacher and the share of it closed."""
     teacher = json.loads((TEACHER / "teacher.json").read_text())["after"]
     lines = [
         f"teacher: {teacher:.1%} held-out greedy accuracy",
         "",
         "| method | seed | steps | prompts | student gen. tokens | student s | teacher gen. tokens | teacher s "
-        "| before | after | gap after (points) | gap closed |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| before | half-way | after | gap after (points) | gap closed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method in METHODS:
-        results = [json.loads(p.read_text()) for p in sorted((OUT / method).glob("seed*/result.json"))]
-        for r in results:
+        runs = [json.loads(p.read_text()) for p in sorted((results / method).glob("seed*/result.json"))]
+        for r in runs:
             lines.append(_row(method, str(r["seed"]), r, teacher))
-        if len(results) > 1:
-            mean = {key: statistics.fmean(r[key] for r in results) for key in _NUMBERS}
-            spread = statistics.stdev(r["after"] for r in results)
-            lines.append(_row(f"**{method}**", f"mean of {len(results)}", mean, teacher, spread))
+        if len(runs) > 1:
+            mean = {key: statistics.fmean(r.get(key, math.nan) for r in runs) for key in _NUMBERS}
+            spread = statistics.stdev(r["after"] for r in runs)
+            lines.append(_row(f"**{method}**", f"mean of {len(runs)}", mean, teacher, spread))
     return lines
 
 
 _NUMBERS = (
     "steps", "prompts", "student_generated_tokens", "student_seconds", "teacher_generated_tokens",
-    "teacher_seconds", "before", "after",
+    "teacher_seconds", "before", "middle", "after",
 )
 
 
 def _row(method: str, seed: str, r: dict, teacher: float, spread: float | None = None) -> str:
     after = f"{r['after']:.1%}" + ("" if spread is None else f" ± {spread:.1%}")
     closed = (r["after"] - r["before"]) / (teacher - r["before"])
+    middle = r.get("middle", math.nan)  # SFT validates only at the end
+    half_way = "-" if math.isnan(middle) else f"{middle:.1%}"
     return (
         f"| {method} | {seed} | {r['steps']:.0f} | {r['prompts']:.0f} | {r['student_generated_tokens']:,.0f} "
         f"| {r['student_seconds']:.0f} | {r['teacher_generated_tokens']:,.0f} | {r['teacher_seconds']:.0f} "
-        f"| {r['before']:.1%} | {after} | {100 * (teacher - r['after']):.1f} | {closed:.0%} |"
+        f"| {r['before']:.1%} | {half_way} | {after} | {100 * (teacher - r['after']):.1f} | {closed:.0%} |"
     )
 
 
@@ -247,6 +250,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of every method (default 1e-4)")
+    parser.add_argument("--results", type=Path, default=OUT, help=f"folder of the runs' results (default {OUT})")
     args = parser.parse_args(argv)
     if args.command == "teacher":
         print(json.dumps(train_teacher(args.teacher_steps), indent=1))
@@ -256,20 +260,20 @@ def main(argv: Sequence[str]) -> None:
     elif args.command == "run":
         for method in args.methods:
             for seed in args.seeds:
-                print(json.dumps(run_one(method, seed, args.steps, args.lr), indent=1))
+                print(json.dumps(run_one(method, seed, args.steps, args.lr, args.results), indent=1))
     elif args.command == "grid":
         # Seed-major, each run in its own process: a finished seed of every method comes before the next
         # seed, and one run's failure leaves the others' results.
         for seed in args.seeds:
             for method in args.methods:
                 command = [sys.executable, "-m", "recipes.opd.gap", "run", "--methods", method, "--seeds",
-                           str(seed), "--steps", str(args.steps), "--lr", str(args.lr)]
+                           str(seed), "--steps", str(args.steps), "--lr", str(args.lr), "--results", str(args.results)]
                 code = subprocess.run(command, check=False).returncode
                 if code:
                     print(f"{method} seed {seed} failed (exit {code})", file=sys.stderr)
-        print("\n".join(table()))
+        print("\n".join(table(args.results)))
     else:
-        print("\n".join(table()))
+        print("\n".join(table(args.results)))
 
 
 if __name__ == "__main__":
