@@ -223,6 +223,7 @@ def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         _admit(runtime, prompts, runtime.step, sampling or sampling_params(runtime))
     with runtime.timer.phase("rollout_wait" if ahead else "generation"):
         rollouts, waited = queue.take(prompts, sampling)
+    require_columns(rollouts, _POOL_WRITES, "rollout.generate_sequences", produced=True)
     if not len(queue):
         # The pool is idle: the weights of the updates since the last push go out (a push waits for
         # the batches the pool holds), then the next batches are admitted.
@@ -240,6 +241,10 @@ def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         }
     )
     return rollouts
+
+
+_POOL_WRITES = ("responses", "response_mask", "rollout_log_probs", "policy_version")
+"""What a batch from the pool must hold (a submitted call returns unchecked)."""
 
 
 def _admit(runtime: Runtime, prompts: Batch, step: int, sampling: SamplingParams) -> None:
