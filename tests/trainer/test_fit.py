@@ -1,8 +1,9 @@
 """`fit` with a step function written in the test: checkpoint/resume, the sync check, a recipe's worker class,
 the stop and evaluation hooks.
 
-Real Ray, gloo, FSDP2 and the HF engine on 2 ranks, on the tiny "write the character 7" task of
-`tests.trainer._runs`. The step below is not one the library ships (REINFORCE with a leave-one-out
+Real Ray, gloo, FSDP2 and the HF engine on one rank (what `fit` does is the driver's: a rank more is only
+a worker process more to start; 2-rank runs resume in test_end_to_end), on the tiny "write the character
+7" task of `tests.trainer._runs`. The step below is not one the library ships (REINFORCE with a leave-one-out
 baseline, computed here), so everything `fit` does for it, it does for any step.
 """
 
@@ -22,6 +23,7 @@ from trainer.steps import TRANSFER_METRIC, generate, old_log_probs, score, updat
 from workers.actor import ActorRolloutRefWorker
 
 STEPS = 3
+ONE_RANK = "resource.slots_per_node=1"
 
 
 class ColumnRecordingActor(ActorRolloutRefWorker):
@@ -75,7 +77,7 @@ def task(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(ray_cluster, task):
-    config = run_config(task, "hf", STEPS, ["trainer.save_every=2", "actor.param_dtype=float32"])
+    config = run_config(task, "hf", STEPS, [ONE_RANK, "trainer.save_every=2", "actor.param_dtype=float32"])
     sent: list[tuple[float, Batch, Batch]] = []
 
     def recorded_step(runtime: Runtime, prompts: Batch) -> Batch:
@@ -104,6 +106,7 @@ def test_a_custom_step_resumes_and_reproduces_the_next_step(task, uninterrupted)
         "hf",
         STEPS,
         [
+            ONE_RANK,
             "actor.param_dtype=float32",
             f"trainer.resume={task / 'run' / 'checkpoints' / 'step_2'}",
             f"trainer.output_dir={task / 'resumed'}",
@@ -138,14 +141,14 @@ def test_to_actor_bytes_count_the_prompts_and_every_column_sent(uninterrupted):
 
 def test_the_sync_check_fires_for_any_step_function(ray_cluster, task):
     config = run_config(
-        task, "hf", 2, ["resharding.max_log_prob_gap=0.1", f"trainer.output_dir={task / 'stale'}"]
+        task, "hf", 2, [ONE_RANK, "resharding.max_log_prob_gap=0.1", f"trainer.output_dir={task / 'stale'}"]
     )
     with Runtime(config) as runtime, pytest.raises(LogProbGapError, match=r"step 1: .* gap 0\.5"):
         fit(runtime, stale_engine_step)
 
 
 def test_a_worker_class_must_subclass_the_shipped_one_and_name_a_started_role(ray_cluster, task):
-    config = run_config(task, "hf", 1, [f"trainer.output_dir={task / 'bad'}"])
+    config = run_config(task, "hf", 1, [ONE_RANK, f"trainer.output_dir={task / 'bad'}"])
     with pytest.raises(ValueError, match=r"worker_classes\['actor_rollout'\].*subclass of workers\.actor"):
         Runtime(config, worker_classes={"actor_rollout": ColumnRecordingActor.__mro__[-1]})
     with pytest.raises(ValueError, match=r"names role\(s\) \['critic'\] that this run does not start"):
@@ -159,7 +162,9 @@ def test_fit_stops_at_the_step_that_reaches_the_token_budget_and_evaluates_there
     assert [r["response/generated_tokens"] for r in records] == by_hand
     # One token more than step 1 generated: reached during step 2 (same seeds, same tokens), of 3 steps.
     budget = by_hand[0] + 1
-    config = run_config(task, "hf", STEPS, ["actor.param_dtype=float32", f"trainer.output_dir={task / 'stopped'}"])
+    config = run_config(
+        task, "hf", STEPS, [ONE_RANK, "actor.param_dtype=float32", f"trainer.output_dir={task / 'stopped'}"]
+    )
     seen: list[Progress] = []
 
     def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
