@@ -199,8 +199,8 @@ def test_dr_grpo_drops_both_normalisations(data):
 
 @pytest.mark.slow
 def test_grpo_main_runs_two_steps(tmp_path):
-    """The step function of recipes/grpo/main.py runs end to end under fit (HF engine, tiny batch, own Ray),
-    and its scores include the reward model of a ``reward_model`` section.
+    """The step function of recipes/grpo/main.py runs end to end under fit (HF engine, tiny batch, one rank,
+    own Ray), and its scores include the reward model of a ``reward_model`` section.
 
     Mostly start-up (Ray, two worker processes, the reward worker): 123 s measured on a 2-core machine
     shared with other jobs (load average 25). Deselect with ``-m "not slow"``.
@@ -221,6 +221,7 @@ def test_grpo_main_runs_two_steps(tmp_path):
         "actor.ppo_mini_batch_size=8",
         "actor.ppo_micro_batch_size=4",
         "resource.cpus_per_slot=0.5",
+        "resource.slots_per_node=1",
         f"reward_model.path={reward_model}",
         "reward_model.weight=0.5",
     ]
