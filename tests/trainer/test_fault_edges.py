@@ -1,4 +1,4 @@
-"""The trainer at its fault edges, end to end on the tiny task (real Ray, FSDP2, the HF engine):
+"""The trainer at its fault edges, end to end on the tiny task (real Ray, FSDP2, the HF engine, one rank):
 
 - a resumed run falls back past a torn newest checkpoint, naming it, and logs each step once;
 - a checkpoint onto a full disk (a small tmpfs) fails as "no space left", though the distributed
@@ -22,6 +22,10 @@ from trainer.algorithms import rl_step
 from trainer.fit import fit
 from trainer.runtime import Runtime
 
+# One rank: the checkpoint is still written by a worker process, and what is checked (which checkpoint a
+# resume takes, what a full disk reports) does not depend on the number of ranks.
+ONE_RANK = "resource.slots_per_node=1"
+
 
 def logged_steps(path: Path) -> list[int]:
     """The step of every line of a metrics file, in file order (repeats included)."""
@@ -30,7 +34,7 @@ def logged_steps(path: Path) -> list[int]:
 
 def test_resume_skips_a_torn_checkpoint_and_logs_each_step_once(ray_cluster, tmp_path, caplog):
     root = write_task(tmp_path)
-    settings = ["trainer.save_every=1", "trainer.loggers=[jsonl,tensorboard]"]
+    settings = [ONE_RANK, "trainer.save_every=1", "trainer.loggers=[jsonl,tensorboard]"]
     with Runtime(run_config(root, "hf", 2, settings)) as runtime:
         fit(runtime, rl_step)
     metrics = root / "run" / "metrics.jsonl"
@@ -58,7 +62,7 @@ def test_resume_skips_a_torn_checkpoint_and_logs_each_step_once(ray_cluster, tmp
 def test_a_checkpoint_onto_a_full_disk_says_so_and_leaves_nothing(ray_cluster, tmp_path):
     root = write_task(tmp_path)
     with small_disk(tmp_path / "disk", 256 << 10) as disk:
-        config = run_config(root, "hf", 1, ["trainer.save_every=1", f"trainer.checkpoint_dir={disk}"])
+        config = run_config(root, "hf", 1, [ONE_RANK, "trainer.save_every=1", f"trainer.checkpoint_dir={disk}"])
         with Runtime(config) as runtime, pytest.raises(DiskFullError) as info:
             fit(runtime, rl_step)
         message = str(info.value)
