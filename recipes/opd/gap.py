@@ -1,7 +1,8 @@
 """The distillation gap on 2-digit addition: how much of a GRPO-trained teacher's lead each method closes.
 
-    teacher   the arithmetic demo's model (3.2M parameters), warm-started and trained with GRPO for the
-              demo's 250 steps, exported as a Hugging Face folder (`train_teacher`);
+    teacher   the arithmetic demo's model (3.2M parameters), warm-started and trained with the demo's GRPO
+              config for ``--teacher-steps`` steps (the demo's 250 by default), exported as a Hugging
+              Face folder (`train_teacher`);
     student   recipes/opd's shape (0.8M parameters, the same character tokenizer), given the supervised
               format warm start at its size (`student_start`); every method starts from that checkpoint.
 
@@ -14,8 +15,10 @@ prompts x ``rollout.n`` sequences (recipes/opd/config.yaml: 16 x 4) at one learn
     grpo       GRPO with the task reward (`trainer.algorithms.rl_step`);
     opd_grpo   OPD for the first half of the steps, then GRPO, in one run.
 
-Run:  python -m recipes.opd.gap teacher                    (once: trains and exports the teacher)
-      python -m recipes.opd.gap grid [--steps N] [--seeds 0 1 2] [--methods ...]
+Run:  python -m recipes.opd.gap teacher [--teacher-steps N] (once: trains and exports the teacher)
+      python -m recipes.opd.gap student                    (the student's start; the runs make it too)
+      python -m recipes.opd.gap grid [--steps N] [--lr LR] [--seeds 0 1 2] [--methods ...] [--results DIR]
+      python -m recipes.opd.gap run --methods opd --seeds 0 (runs in this process, no table)
       python -m recipes.opd.gap table                      (the table of the runs done so far)
 """
 
@@ -245,7 +248,7 @@ def main(argv: Sequence[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="recipes/opd/gap.py", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["teacher", "student", "run", "grid", "table"])
-    parser.add_argument("--steps", type=int, default=80, help="student optimizer steps per method (default 80)")
+    parser.add_argument("--steps", type=int, default=60, help="student optimizer steps per method (default 60)")
     parser.add_argument("--teacher-steps", type=int, default=250, help="the teacher's GRPO steps (default 250, the demo's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
