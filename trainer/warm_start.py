@@ -45,6 +45,7 @@ __all__ = [
     "cache_miss_reason",
     "file_digest",
     "greedy_accuracy",
+    "greedy_answers",
     "warm_start",
     "warm_start_cache_key",
     "warm_start_folder",
@@ -141,15 +142,17 @@ def _training_batch(
 
 
 @torch.no_grad()
-def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict]) -> float:
-    """Fraction of ``rows`` whose greedy answer (HF ``generate``) equals the ground truth exactly."""
-    prompts, answers = _encode(tokenizer, rows)
-    # One token past the longest answer: room for its end-of-sequence token, nothing more to decode.
-    max_new_tokens = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers) + 1
+def greedy_answers(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict], max_new_tokens: int
+) -> list[str]:
+    """The model's greedy completion (HF ``generate``, rows left-padded into one batch) of each row's
+    chat-rendered prompt: at most ``max_new_tokens`` tokens, decoded without special tokens, stripped;
+    in order."""
+    prompts, _ = _encode(tokenizer, rows)
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
     mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):  # left-padded for generation
+    for row, prompt in enumerate(prompts):  # left-padded: every row's continuation starts at ``width``
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     was_training = model.training
@@ -163,8 +166,16 @@ def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         eos_token_id=tokenizer.eos_token_id,
     )
     model.train(was_training)
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    return sum(t.strip() == a for t, a in zip(texts, answers, strict=True)) / len(answers)
+    return [text.strip() for text in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
+
+
+def greedy_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict]) -> float:
+    """Fraction of ``rows`` whose greedy answer (`greedy_answers`) equals the ground truth exactly."""
+    answers = [str(row["reward_model"]["ground_truth"]) for row in rows]
+    # One token past the longest answer: room for its end-of-sequence token, nothing more to decode.
+    max_new_tokens = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers) + 1
+    texts = greedy_answers(model, tokenizer, rows, max_new_tokens)
+    return sum(t == a for t, a in zip(texts, answers, strict=True)) / len(answers)
 
 
 def warm_start(

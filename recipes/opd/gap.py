@@ -45,13 +45,19 @@ from hybridflow.models import load_causal_lm, load_tokenizer_dir
 from hybridflow.protocol import Batch
 from recipes.arithmetic_demo.main import CACHE, WARM_START, demo_config
 from recipes.opd.main import DATA, HERE, opd_step
-from recipes.opd.sft_data import greedy_answers, relabelled
+from recipes.opd.sft_data import relabelled
 from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config
 from trainer.fit import GENERATED_METRIC, TRAINING_SECONDS_METRIC, StepFn, fit
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
-from trainer.warm_start import WarmStartConfig, greedy_accuracy, warm_start, warm_started_model
+from trainer.warm_start import (
+    WarmStartConfig,
+    greedy_accuracy,
+    greedy_answers,
+    warm_start,
+    warm_started_model,
+)
 
 OUT = Path("outputs/opd_gap")
 TEACHER = OUT / "teacher"

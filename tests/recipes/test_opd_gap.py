@@ -1,5 +1,6 @@
-"""recipes/opd/sft_data.py, the data of off-policy distillation: the teacher's greedy answers (batched,
-left-padded) against a one-row-at-a-time argmax decode, and the relabelled rows by hand."""
+"""The data of off-policy distillation: the teacher's greedy answers (`trainer.warm_start.greedy_answers`,
+batched, left-padded) against a one-row-at-a-time argmax decode, and the relabelled rows
+(recipes/opd/sft_data.py) by hand."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from hybridflow.data import build_char_tokenizer
 from hybridflow.data.chat import render_prompt
 from hybridflow.models import build_tiny_causal_lm
-from recipes.opd.sft_data import greedy_answers, relabelled
+from recipes.opd.sft_data import relabelled
+from trainer.warm_start import greedy_answers
 
 ROWS = [
     {"prompt": [{"role": "user", "content": "7+5="}], "reward_model": {"style": "rule", "ground_truth": "12"}},
