@@ -28,7 +28,13 @@ from dataclasses import dataclass, fields
 import torch
 
 from hybridflow.metrics import step_metrics, throughput_metrics
-from hybridflow.metrics.efficiency import MachinePeak, device_name, load_machine_peak, phase_efficiency
+from hybridflow.metrics.efficiency import (
+    MachinePeak,
+    device_name,
+    fractions_above_peak,
+    load_machine_peak,
+    phase_efficiency,
+)
 from hybridflow.metrics.monitor import TrainingAlarm
 from hybridflow.planning import ModelShape
 from hybridflow.protocol import Batch
@@ -151,6 +157,7 @@ def fit(
     # else the first step.
     startup: dict[str, float] = {}
     limits = machine_limits(runtime)
+    peak_warned = False
     progress = Progress(steps=runtime.step)
     if evaluate is not None and config.val_before_train and runtime.step == 0:
         last_eval = evaluate(runtime, progress)
@@ -170,6 +177,17 @@ def fit(
             runtime.logger.log(alarm.metrics, runtime.step)
             runtime.save_checkpoint()
             raise
+        if limits is not None and not peak_warned and (above := fractions_above_peak(metrics)):
+            peak_warned = True  # once a run: every later step would say the same
+            logger.warning(
+                "step %d: %s above 1: the peak stored for %r in %s is below what this run achieves (measured "
+                "while other jobs shared the machine?); measure it again on a quiet machine: "
+                "python benchmarks/bench_machine_peak.py",
+                runtime.step,
+                ", ".join(f"{key} = {value:.2f}" for key, value in above.items()),
+                limits.peak.device,
+                runtime.config.trainer.machine_peak_file,
+            )
         progress = Progress(
             steps=runtime.step,
             seconds=before.seconds + (runtime.timer.step_seconds or 0.0),

@@ -43,6 +43,7 @@ __all__ = [
     "decode_bytes",
     "device_name",
     "forward_flops",
+    "fractions_above_peak",
     "load_machine_peak",
     "matmul_parameters",
     "measure_machine_peak",
@@ -286,3 +287,14 @@ def phase_efficiency(
         out["perf/generation_bytes_per_s"] = rate
         out["perf/generation_bandwidth_frac"] = rate / peak.copy_bytes_per_s
     return out
+
+
+def fractions_above_peak(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The fractions of the machine's peak in ``metrics`` (``perf/mfu_*``, ``perf/generation_bandwidth_frac``)
+    that exceed 1. A phase cannot beat the machine's limit, so each one says the stored peak is too low:
+    typically measured while other jobs shared the machine."""
+    return {
+        key: value
+        for key, value in sorted(metrics.items())
+        if (key.startswith("perf/mfu_") or key == "perf/generation_bandwidth_frac") and value > 1.0
+    }

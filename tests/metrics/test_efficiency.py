@@ -15,6 +15,7 @@ from hybridflow.metrics.efficiency import (
     MachinePeak,
     decode_bytes,
     forward_flops,
+    fractions_above_peak,
     load_machine_peak,
     matmul_parameters,
     measure_machine_peak,
@@ -206,3 +207,16 @@ def _seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def test_only_fractions_of_the_peak_above_one_are_reported():
+    metrics = {
+        "perf/mfu_update": 1.45,
+        "perf/mfu_log_prob": 0.97,
+        "perf/mfu_ref": 1.0,  # at the peak, not above it
+        "perf/generation_bandwidth_frac": 1.2,
+        "perf/update_flops_per_s": 8.7e10,  # a rate, not a fraction
+        "actor/clip_frac": 3.0,
+    }
+    assert fractions_above_peak(metrics) == {"perf/generation_bandwidth_frac": 1.2, "perf/mfu_update": 1.45}
+    assert fractions_above_peak({"perf/mfu_update": 0.5}) == {}
