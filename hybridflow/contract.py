@@ -28,6 +28,7 @@ __all__ = [
     "PROMPT_INPUTS",
     "RESPONSE_INPUTS",
     "SAMPLED_MASK",
+    "TOKEN_VERSIONS",
     "MissingColumnError",
     "first_batch",
     "loss_response_mask",
@@ -65,6 +66,9 @@ COLUMNS: dict[str, str] = {
     "the column every response token was sampled (`sampled_response_mask`)",
     "policy_version": "[rows] int64: the policy version (actor updates applied) of the weights the rollout engine "
     "sampled the row with; written by an engine in a rollout pool of its own (docs/rollout_service.md)",
+    "token_versions": "[rows, response_len] int64: the policy version of the weights that sampled each response "
+    "token, 0 on padding; written by partial rollouts (async_rollout.partial_round_tokens), where a sample "
+    "paused and continued on newer weights holds tokens of several versions (docs/rollout_service.md)",
     "group_ids": "[rows] int64: the prompt each row answers (rows of one prompt share it)",
     "response_text": "non-tensor: each row's decoded response",
 }
@@ -81,6 +85,7 @@ LOG_PROB_COLUMNS = ("old_log_probs", "ref_log_probs", "rollout_log_probs")
 ADVANTAGES = "advantages"
 LOSS_MASK = "loss_mask"
 SAMPLED_MASK = "sampled_mask"
+TOKEN_VERSIONS = "token_versions"
 
 
 class MissingColumnError(KeyError, ValueError):

@@ -28,12 +28,26 @@ from typing import Any
 
 import torch
 
+from hybridflow.contract import TOKEN_VERSIONS
 from hybridflow.controller import GroupFuture
 from hybridflow.data import PromptLoader
 from hybridflow.protocol import Batch
+from hybridflow.rollout.partial import PartialSample, start_samples
 from hybridflow.rollout.sampling import SamplingParams
 
-__all__ = ["InFlight", "PromptStream", "RolloutQueue", "StalenessError", "staleness_metrics"]
+__all__ = [
+    "OWED_KEY",
+    "InFlight",
+    "PartialGroup",
+    "PartialPool",
+    "PromptStream",
+    "RolloutQueue",
+    "StalenessError",
+    "staleness_metrics",
+]
+
+OWED_KEY = "owed_indices"
+"""The key of `PromptStream.state_dict` that lists the prompts handed out and not yet trained."""
 
 
 class StalenessError(RuntimeError):
@@ -42,6 +56,12 @@ class StalenessError(RuntimeError):
 
 class PromptStream:
     """The prompt batches of ``loader``, epoch after epoch, with a look-ahead that does not consume them.
+
+    With partial rollouts a prompt handed out can outlive its step (its samples pause and go on in later
+    steps); the step `hold`s the prompts it starts and `release`s those it trains. A checkpoint lists
+    the held prompts by dataset index (``index``) next to the loader's position, and a resumed stream
+    hands them out again first (`load_state_dict`), in batches of the loader's size topped up from the
+    loader: none is lost, none is trained twice, and every step still starts ``batch_size`` prompts.
 
     Args:
         loader: the run's prompt loader (its position is the data position of checkpoints).
@@ -52,6 +72,10 @@ class PromptStream:
         self._batches = self._endless()
         # Batches taken from the loader ahead of `next`, each with the loader's position before it.
         self._ahead: deque[tuple[Batch, dict[str, Any]]] = deque()
+        # Dataset indices to hand out before the loader's next batch (a resumed run's held prompts,
+        # then the rest of a batch that topped them up), and those handed out and not yet trained.
+        self._owed: deque[int] = deque()
+        self._held: dict[int, None] = {}
 
     def _endless(self) -> Iterator[Batch]:
         while True:
@@ -63,18 +87,110 @@ class PromptStream:
 
     def next(self) -> Batch:
         """The next batch in data order (a batch seen through `peek` first is that same object)."""
+        if self._owed:
+            return self._next_owed()
         return (self._ahead.popleft() if self._ahead else self._pull())[0]
+
+    def _next_owed(self) -> Batch:
+        """A batch of ``batch_size`` prompts: owed ones first, then the loader's next batches' rows."""
+        size = self.loader.sampler.batch_size
+        while len(self._owed) < size:
+            self._owed.extend(int(i) for i in self._pull()[0]["index"])
+        indices = [self._owed.popleft() for _ in range(size)]
+        return self.loader.collate([self.loader.dataset[i] for i in indices])
 
     def peek(self, index: int) -> Batch:
         """The batch that the ``index``-th next call of `next` (0: the very next) will return."""
+        if self._owed:
+            raise RuntimeError("PromptStream.peek: a resumed run still owes held prompts (partial rollouts)")
         while len(self._ahead) <= index:
             self._ahead.append(self._pull())
         return self._ahead[index][0]
 
+    def hold(self, prompts: Batch) -> None:
+        """Count ``prompts`` (by their ``index`` column) as handed out and not yet trained."""
+        self._held.update(dict.fromkeys(int(i) for i in prompts["index"]))
+
+    def release(self, indices: list[int]) -> None:
+        """The held prompts of ``indices`` were trained."""
+        for index in indices:
+            del self._held[index]
+
     def state_dict(self) -> dict[str, Any]:
         """The data position of the next batch `next` returns: batches taken only through `peek` are
-        not counted, so a resume hands them out again."""
-        return dict(self._ahead[0][1]) if self._ahead else dict(self.loader.state_dict())
+        not counted, so a resume hands them out again. Held and owed prompts, if any, are listed under
+        `OWED_KEY` (dataset indices, held first), for the resumed stream to hand out first."""
+        state = dict(self._ahead[0][1]) if self._ahead else dict(self.loader.state_dict())
+        if self._held or self._owed:
+            state[OWED_KEY] = [*self._held, *self._owed]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a `state_dict`: the loader's position, and the prompts owed from before."""
+        self.loader.load_state_dict({key: value for key, value in state.items() if key != OWED_KEY})
+        self._batches = self._endless()
+        self._ahead.clear()
+        self._held.clear()
+        self._owed = deque(int(i) for i in state.get(OWED_KEY, ()))
+
+
+@dataclass
+class PartialGroup:
+    """One prompt's samples under partial rollouts (``async_rollout.partial_round_tokens``).
+
+    Attributes:
+        prompt: the prompt's row (one row of the batch it was handed out in, every column).
+        index: its dataset index.
+        version: the policy version of the step that started it: its oldest tokens' version.
+        samples: its ``rollout.n`` samples.
+    """
+
+    prompt: Batch
+    index: int
+    version: int
+    samples: list[PartialSample]
+
+    @property
+    def complete(self) -> bool:
+        """Whether every sample finished: the group can train."""
+        return all(sample.finished for sample in self.samples)
+
+
+class PartialPool:
+    """The prompt groups started and not yet trained, oldest first."""
+
+    def __init__(self) -> None:
+        self.groups: list[PartialGroup] = []
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def start(self, prompts: Batch, n: int, version: int) -> None:
+        """Start ``n`` samples of every prompt of ``prompts`` (with an ``index`` column) at ``version``."""
+        samples = start_samples(prompts, n)
+        for row, index in enumerate(prompts["index"]):
+            self.groups.append(PartialGroup(prompts[row], int(index), version, samples[row * n : (row + 1) * n]))
+
+    def unfinished(self, version: int, max_staleness: int) -> tuple[list[PartialSample], list[PartialSample]]:
+        """The unfinished samples: those that must finish in this step (their group started at
+        ``version - max_staleness`` or earlier, so its oldest tokens train at the bound now), and the rest."""
+        due: list[PartialSample] = []
+        rest: list[PartialSample] = []
+        for group in self.groups:
+            live = [sample for sample in group.samples if not sample.finished]
+            (due if group.version <= version - max_staleness else rest).extend(live)
+        return due, rest
+
+    def complete(self) -> int:
+        """How many groups can train."""
+        return sum(group.complete for group in self.groups)
+
+    def take(self, count: int) -> list[PartialGroup]:
+        """Remove and return the ``count`` oldest complete groups."""
+        taken = [group for group in self.groups if group.complete][:count]
+        chosen = {id(group) for group in taken}
+        self.groups = [group for group in self.groups if id(group) not in chosen]
+        return taken
 
 
 @dataclass
@@ -101,6 +217,8 @@ class RolloutQueue:
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
         self._in_flight: deque[InFlight] = deque()
+        # With partial rollouts (colocated): the prompt groups whose samples are still generating.
+        self.partial = PartialPool()
 
     def __len__(self) -> int:
         return len(self._in_flight)
@@ -143,31 +261,36 @@ def staleness_metrics(
     """``async/*`` staleness of ``rollouts`` trained at ``trainer_version``, added to ``previous``
     (the step's metrics so far, for a step that generates more than once).
 
-    Staleness is ``trainer_version - policy_version`` of each row, counted over its response tokens
-    (``response_mask [rows, response_len]``, ``policy_version [rows]``). Returns
-    ``async/tokens_staleness_{s}`` for every ``s`` in ``0..max_staleness`` (tokens),
-    ``async/staleness_mean`` (token-weighted) and ``async/staleness_max`` (over rows with tokens).
+    Staleness is ``trainer_version - version`` of each response token (``response_mask [rows,
+    response_len]``), its version read from ``token_versions [rows, response_len]`` when the batch has
+    it (partial rollouts: a sample continued on newer weights holds tokens of several versions), else
+    from its row's ``policy_version [rows]``. Returns ``async/tokens_staleness_{s}`` for every ``s`` in
+    ``0..max_staleness`` (tokens), ``async/staleness_mean`` (token-weighted) and ``async/staleness_max``
+    (over tokens).
 
     Raises:
-        StalenessError: a row older than ``max_staleness`` versions (admission should never let one in).
+        StalenessError: a token older than ``max_staleness`` versions (admission should never let one in).
     """
-    tokens = rollouts["response_mask"].sum(-1).to(torch.int64)
-    staleness = trainer_version - rollouts["policy_version"].to(torch.int64)
+    mask = rollouts["response_mask"].bool()
+    if TOKEN_VERSIONS in rollouts:
+        versions = rollouts[TOKEN_VERSIONS].to(torch.int64)
+    else:
+        versions = rollouts["policy_version"].to(torch.int64)[:, None].expand(mask.shape)
+    staleness = trainer_version - versions[mask]
     if bool((staleness < 0).any()) or bool((staleness > max_staleness).any()):
         raise StalenessError(
-            f"rows sampled with policy versions {sorted(set(rollouts['policy_version'].tolist()))} reached the "
+            f"tokens sampled with policy versions {sorted(set(versions[mask].tolist()))} reached the "
             f"trainer at version {trainer_version}; async_rollout.max_staleness={max_staleness} allows "
             f"versions {trainer_version - max_staleness}..{trainer_version}"
         )
     counts = {
         f"async/tokens_staleness_{s}": previous.get(f"async/tokens_staleness_{s}", 0.0)
-        + float(tokens[staleness == s].sum())
+        + float((staleness == s).sum())
         for s in range(max_staleness + 1)
     }
     total = sum(counts.values())
     mean = sum(s * counts[f"async/tokens_staleness_{s}"] for s in range(max_staleness + 1)) / total if total else 0.0
-    with_tokens = staleness[tokens > 0]
-    latest_max = float(with_tokens.max()) if len(with_tokens) else 0.0
+    latest_max = float(staleness.max()) if len(staleness) else 0.0
     return {
         **counts,
         "async/staleness_mean": mean,

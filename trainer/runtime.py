@@ -246,8 +246,8 @@ class Runtime:
             self.actor.load_checkpoint(str(checkpoint.path / "actor"))
             if self.critic is not None:
                 self.critic.load_checkpoint(str(checkpoint.path / "critic"))
-            self.loader.load_state_dict(checkpoint.state["loader"])
             self.prompts = PromptStream(self.loader)
+            self.prompts.load_state_dict(checkpoint.state["loader"])
             if self.kl_ctrl is not None and checkpoint.state["kl_coef"] is not None:
                 self.kl_ctrl.value = checkpoint.state["kl_coef"]
             if "monitor" in checkpoint.state:  # checkpoints written before the monitor existed lack it

@@ -20,7 +20,9 @@ name and the column's.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -38,6 +40,7 @@ from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
+from hybridflow.rollout.partial import response_columns, run_round
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
@@ -58,10 +61,12 @@ __all__ = [
     "decode_responses",
     "generate",
     "generate_on_pool",
+    "generate_partial",
     "kl_in_reward",
     "old_log_probs",
     "ref_log_probs",
     "reward_scores",
+    "round_seed",
     "sampling_from",
     "sampling_params",
     "score",
@@ -181,6 +186,8 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
     carries the ``policy_version`` it was sampled with, and with ``async_rollout.max_staleness > 0`` the
     rows are those the pool generated ahead, while earlier steps trained.
     """
+    if runtime.config.async_rollout.partial_round_tokens:
+        return generate_partial(runtime, prompts, sampling)
     if runtime.rollout is not runtime.actor:
         rollouts = generate_on_pool(runtime, prompts, sampling)
     else:
@@ -192,6 +199,103 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
     _add(runtime, GENERATED_METRIC, float(rollouts["response_mask"].sum()))
     n = len(rollouts) // len(prompts)
     return rollouts | add_group_ids(rollouts, n) | decode_responses(rollouts, runtime.tokenizer)
+
+
+def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:
+    """Partial rollouts (``async_rollout.partial_round_tokens = R > 0``, colocated): start ``prompts``'
+    samples, then run generation rounds of at most ``R`` new tokens per sample
+    (`hybridflow.rollout.partial.run_round`) until ``data.train_batch_size`` prompts have all their
+    samples finished; returns those prompts' rows (the oldest first), as `generate` does, plus
+    ``token_versions [rows, response_len]``.
+
+    The first step of a run (fresh or resumed: the pool is empty) also starts the stream's next batch,
+    so that prompts are left running while a step trains; every step runs at least one round. Samples
+    still running stay in ``runtime.rollouts_ahead.partial`` and go on in the next steps, on the
+    weights of those steps, their prefix fed back as prompt. Every token carries the policy version
+    (actor updates so far) of the step that sampled it. Bound: the samples of a prompt started
+    ``async_rollout.max_staleness`` steps ago get no round budget and run to the end in this step, so
+    no token trains more than that many versions stale (`staleness_metrics` checks it). The prompts
+    started and not yet trained are held in the prompt stream, so a checkpoint lists them and a resumed
+    run starts them again (`trainer.rollout_queue.PromptStream`).
+
+    Records ``partial/rounds``, ``partial/resumed_samples`` (continuations of a paused sample, over
+    the step's rounds), ``partial/paused_samples`` and ``partial/pending_prompts`` (left for later
+    steps), the ``async/*`` staleness by token, and each round's ``rollout_metrics`` (their
+    ``timing_s/generate*`` summed).
+    """
+    settings = runtime.config.async_rollout
+    sampling = sampling or sampling_params(runtime)
+    pool = runtime.rollouts_ahead.partial
+    version = runtime.actor.policy_version()[0]
+    wanted = runtime.config.data.train_batch_size
+    starting = [prompts]
+    if not len(pool):
+        # The first step of a run (or of a resumed one) starts a second batch too: the step trains the
+        # first batch's prompts that finish and the second batch's, and from then on every step starts a
+        # batch and trains one, so that prompts are always left to go on while a step trains.
+        starting.append(runtime.next_prompts())
+    for batch in starting:
+        pool.start(batch, sampling.n, version)
+        runtime.prompts.hold(batch)
+    pad = runtime.tokenizer.pad_token_id
+    seconds: dict[str, float] = {}
+
+    def engine_call(batch: Batch, call: SamplingParams) -> Batch:
+        out = runtime.actor.generate_sequences(_counted(runtime, batch), call)
+        metrics = out.meta.pop("rollout_metrics")
+        for key in [k for k in metrics if k.startswith("timing_s/generate")]:
+            seconds[key] = seconds.get(key, 0.0) + metrics.pop(key)
+        runtime.record(metrics)
+        return out
+
+    rounds = resumed = generated = 0
+    with runtime.timer.phase("generation"):
+        # At least one round: the prompts started last go on even when enough have finished before.
+        while not rounds or pool.complete() < wanted:
+            due, rest = pool.unfinished(version, settings.max_staleness)
+            if not due and not rest and pool.complete() >= wanted:
+                break
+            if not due and not rest:
+                raise ValueError(
+                    f"async_rollout.partial_round_tokens: {pool.complete()} prompts have finished and none "
+                    f"is running, fewer than data.train_batch_size={wanted}; generate was given "
+                    f"{len(prompts)} prompts (a step must start a full batch of prompts)"
+                )
+            call = sampling if sampling.seed is None else replace(sampling, seed=round_seed(sampling.seed, rounds))
+            for samples, budget in ((due, None), (rest, settings.partial_round_tokens)):
+                if samples:
+                    report = run_round(engine_call, samples, call, budget, version, pad)
+                    resumed += report.resumed
+                    generated += report.generated_tokens
+            rounds += 1
+    groups = pool.take(wanted)
+    runtime.prompts.release([group.index for group in groups])
+    rows = concat_rollouts(
+        [
+            group.prompt.repeat(sampling.n) | response_columns(group.samples, sampling.max_new_tokens, pad)
+            for group in groups
+        ],
+        pad,
+    )
+    paused = [sample for group in pool.groups for sample in group.samples if sample.token_ids and not sample.finished]
+    runtime.record(
+        {
+            **seconds,
+            **staleness_metrics(rows, version, settings.max_staleness, runtime.step_metrics),
+            "partial/rounds": float(rounds),
+            "partial/resumed_samples": float(resumed),
+            "partial/paused_samples": float(len(paused)),
+            "partial/pending_prompts": float(len(pool)),
+        }
+    )
+    _add(runtime, GENERATED_METRIC, float(generated))
+    return rows | add_group_ids(rows, sampling.n) | decode_responses(rows, runtime.tokenizer)
+
+
+def round_seed(seed: int, round_index: int) -> int:
+    """The seed of a step's ``round_index``-th partial-rollout round: a hash of both, so rounds draw
+    apart from each other and from other steps' seeds."""
+    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0]) % 2**31
 
 
 def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:

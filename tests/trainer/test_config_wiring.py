@@ -91,6 +91,7 @@ RUNTIME_READS: dict[str, str] = {
     "trainer.wandb_mode": "config.trainer.wandb_mode",
     "recipe": "config.recipe",
     "async_rollout.max_staleness": "config.async_rollout.max_staleness",
+    "async_rollout.partial_round_tokens": "config.async_rollout.partial_round_tokens",
 }
 
 EXTRA_POOL = "resource.pools={extra: {nodes: 1, slots_per_node: 1}}"

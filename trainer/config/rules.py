@@ -315,11 +315,33 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
             "multi-turn episodes (agent) run only on the colocated engine; leave the rollout on the actor's pool",
             "agent",
         )
-    if config.async_rollout.max_staleness > 0 and not resource.splits_rollout:
+    partial = config.async_rollout.partial_round_tokens
+    if partial > 0 and resource.splits_rollout:
+        problems.add(
+            "async_rollout.partial_round_tokens",
+            f"{partial} runs partial rollouts, which run on the colocated engine only; leave "
+            "resource.placement.rollout on the actor's pool or set it to 0",
+            "resource.placement.rollout",
+        )
+    if partial > 0 and config.async_rollout.max_staleness == 0:
+        problems.add(
+            "async_rollout.partial_round_tokens",
+            f"{partial} pauses samples from one step to the next, which trains tokens of earlier versions; "
+            "set async_rollout.max_staleness >= 1 (the bound on every token's staleness) or set it to 0",
+            "async_rollout.max_staleness",
+        )
+    if partial > 0 and config.agent is not None:
+        problems.add(
+            "async_rollout.partial_round_tokens",
+            f"{partial} pauses single-turn samples; multi-turn episodes (agent) cannot pause; set it to 0",
+            "agent",
+        )
+    if config.async_rollout.max_staleness > 0 and not resource.splits_rollout and partial == 0:
         problems.add(
             "async_rollout.max_staleness",
             f"{config.async_rollout.max_staleness} generates ahead of the trainer, which needs the rollout on a "
-            "pool of its own (resource.placement.rollout); the colocated engine shares the trainer's processes",
+            "pool of its own (resource.placement.rollout); the colocated engine shares the trainer's processes "
+            "(or partial rollouts: async_rollout.partial_round_tokens > 0)",
         )
     if config.async_rollout.max_staleness > 0 and config.resharding.max_log_prob_gap is not None:
         problems.add(

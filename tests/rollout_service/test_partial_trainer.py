@@ -1,0 +1,188 @@
+"""Partial rollouts in the trainer (``async_rollout.partial_round_tokens``), colocated, stopped and resumed
+while prompts still have paused samples.
+
+One run: the target-character task of the trainer tests, the HF engine on 1 slot, fp32, 8 prompts a step,
+4 samples each, responses of at most 8 tokens generated in rounds of 3, ``max_staleness`` 2, 5 steps, a
+checkpoint every 2 steps. It stops after step 2, when prompts started in steps 1-2 still run; a new
+runtime resumes from that checkpoint for steps 3 to 5. The step function keeps each step's rollouts and
+the actor's weights before its update (those of version ``step - 1``).
+
+By hand: the first step of each runtime starts two batches (16 prompts), every later step one, and every
+step trains 8; so 16 + 8 = 24 prompts are started before the stop, 8 of them left untrained, and 16 + 2 * 8
+= 32 after the resume: first the 8 the checkpoint holds (started, not trained), then 24 of the data order
+from where the checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.data import PromptLoader
+from hybridflow.metrics import read_jsonl
+from hybridflow.models import load_causal_lm
+from hybridflow.protocol import Batch
+from hybridflow.rollout.logprobs import response_log_probs
+from tests.trainer._runs import run_config, write_task
+from trainer.algorithms import rl_step
+from trainer.config import ConfigError
+from trainer.fit import StopAt, fit
+from trainer.runtime import Runtime
+from trainer.steps import sampling_params
+
+STEPS = 5
+BATCH = 8
+N = 4
+MAX_STALENESS = 2
+PARTIAL = [
+    "actor.param_dtype=float32",
+    "resource.slots_per_node=1",
+    f"data.train_batch_size={BATCH}",
+    f"rollout.n={N}",
+    "rollout.engine=hf",
+    "actor.ppo_mini_batch_size=32",
+    "actor.ppo_micro_batch_size=32",
+    "async_rollout.partial_round_tokens=3",
+    f"async_rollout.max_staleness={MAX_STALENESS}",
+    "trainer.save_every=2",
+]
+
+
+@pytest.fixture(scope="module")
+def run(ray_cluster, tmp_path_factory):
+    root = write_task(tmp_path_factory.mktemp("partial"))
+    config = run_config(root, "hf", STEPS, [*PARTIAL, f"trainer.output_dir={root / 'run'}"])
+    rollouts: list[Batch] = []
+    weights: list[dict[str, torch.Tensor]] = []
+    held: list[list[int]] = []
+
+    def step(runtime: Runtime, batch: Batch) -> Batch:
+        weights.append(runtime.actor.gather_full_state()[0])  # version runtime.step - 1
+        rollouts.append(rl_step(runtime, batch))
+        return rollouts[-1]
+
+    with Runtime(config) as runtime:
+        fit(runtime, step, stop=StopAt(steps=2))
+        held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
+        saved = runtime.prompts.state_dict()
+    with Runtime(config) as runtime:
+        fit(runtime, step)
+        held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
+        model_dir, data = runtime.model_dir, runtime.train_data
+        pad_id = runtime.tokenizer.pad_token_id
+        sampling = sampling_params(runtime)
+    return {
+        "config": config,
+        "model_dir": model_dir,
+        "data": data,
+        "pad_id": pad_id,
+        "rollouts": rollouts,
+        "weights": weights,
+        "held": held,
+        "saved": saved,
+        "sampling": sampling,
+        "log": read_jsonl(root / "run" / "metrics.jsonl"),
+    }
+
+
+def _data_order(run, count: int) -> list[int]:
+    config = run["config"].data
+    loader = PromptLoader(
+        run["data"], config.train_batch_size, run["pad_id"], seed=config.seed, shuffle=config.shuffle
+    )
+    order: list[int] = []
+    while len(order) < count:
+        order.extend(int(i) for batch in loader for i in batch["index"])
+    return order[:count]
+
+
+def _trained(rollouts: Batch) -> list[int]:
+    """The prompts a step trained (one per group of ``N`` rows)."""
+    return [int(i) for i in rollouts["index"][::N]]
+
+
+def test_no_prompt_is_lost_or_trained_twice_across_the_resume(run):
+    trained = [_trained(r) for r in run["rollouts"]]
+    assert [len(t) for t in trained] == [BATCH] * STEPS
+    before, after = trained[:2], trained[2:]
+    started_before = _data_order(run, 24)
+    # What the checkpoint of step 2 holds: the prompts started and not trained, which the stop left paused.
+    assert sorted(run["saved"]["owed_indices"]) == run["held"][0]
+    assert sorted(run["held"][0]) == sorted(set(started_before) - {i for t in before for i in t})
+    assert len(run["held"][0]) == 24 - 2 * BATCH
+    # After the resume: the held prompts again, then the data order from where the checkpoint left it.
+    started_after = run["held"][0] + _data_order(run, 24 + 24)[24:]
+    every = [i for t in trained for i in t]
+    assert len(every) == len(set(every))  # none trained twice
+    assert sorted([i for t in after for i in t] + run["held"][1]) == sorted(started_after)  # none lost
+    assert set(run["held"][0]) <= {i for t in after for i in t} | set(run["held"][1])
+
+
+def test_rows_keep_the_versions_of_their_tokens(run):
+    mixed = 0
+    for step, rollouts in enumerate(run["rollouts"], start=1):
+        mask = rollouts["response_mask"].bool()
+        versions = rollouts["token_versions"]
+        assert torch.equal(versions[~mask], torch.zeros_like(versions[~mask]))
+        trainer_version = step - 1
+        valid = versions[mask]
+        assert int(valid.max()) <= trainer_version and int(valid.min()) >= trainer_version - MAX_STALENESS
+        for row in range(len(rollouts)):
+            row_versions = versions[row][mask[row]].tolist()
+            assert row_versions == sorted(row_versions)  # a sample only goes on to newer weights
+            mixed += len(set(row_versions)) > 1
+    assert mixed > 0  # some samples were paused in one step and continued in a later one
+
+
+def test_staleness_metrics_count_tokens_by_their_own_version(run):
+    log = run["log"]
+    assert [record["step"] for record in log] == list(range(1, STEPS + 1))
+    resumed = 0.0
+    for step, (record, rollouts) in enumerate(zip(log, run["rollouts"], strict=True), start=1):
+        mask = rollouts["response_mask"].bool()
+        staleness = (step - 1) - rollouts["token_versions"][mask]
+        for s in range(MAX_STALENESS + 1):
+            assert record[f"async/tokens_staleness_{s}"] == float((staleness == s).sum())
+        assert record["async/staleness_max"] == float(staleness.max())
+        assert record["partial/pending_prompts"] == BATCH  # 2 batches started by the first step, 1 trained
+        resumed += record["partial/resumed_samples"]
+        assert record["partial/rounds"] >= 1
+    assert resumed > 0
+    assert sum(record["async/tokens_staleness_1"] + record["async/tokens_staleness_2"] for record in log) > 0
+
+
+def test_each_token_was_sampled_by_the_weights_of_its_version(run):
+    """The engine's log-prob of each token is that of the weights of the token's version, recomputed with
+    the whole prefix as context (a prefix fed back continues the sample it paused)."""
+    model = load_causal_lm(run["model_dir"])
+    continued = 0
+    for rollouts in run["rollouts"]:
+        versions = rollouts["token_versions"]
+        mask = rollouts["response_mask"].bool()
+        for version in sorted(set(versions[mask].tolist())):
+            model.load_state_dict(run["weights"][version])
+            with torch.no_grad():
+                recomputed = response_log_probs(model, rollouts, run["sampling"])
+            own = mask & (versions == version)
+            gap = (recomputed - rollouts["rollout_log_probs"]).abs()[own]
+            assert float(gap.max()) < 1e-4, (version, float(gap.max()))
+            continued += int((own & (versions > versions[:, :1])).sum())
+    assert continued > 0  # tokens sampled on newer weights than their row's first tokens
+
+
+def test_partial_rollouts_refuse_the_split_pool_and_staleness_0(tmp_path):
+    root = write_task(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"async_rollout\.partial_round_tokens: 3 pauses samples .*max_staleness >= 1"
+    ):
+        run_config(root, "hf", 1, ["async_rollout.partial_round_tokens=3"])
+    split = [
+        "async_rollout.partial_round_tokens=3",
+        "async_rollout.max_staleness=1",
+        "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}",
+        "resource.placement={rollout: rollout_pool}",
+    ]
+    with pytest.raises(
+        ConfigError, match=r"async_rollout\.partial_round_tokens: 3 runs partial rollouts.*colocated"
+    ):
+        run_config(root, "hf", 1, split)
