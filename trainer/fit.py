@@ -220,7 +220,8 @@ def run_step(
     (``perf/mfu_*``, ``perf/generation_bandwidth_frac``: `hybridflow.metrics.efficiency`) and the
     training monitor's ``monitor/*`` (which warns on the console when an alarm fires). Raises `LogProbGapError` when the gap exceeds
     ``resharding.max_log_prob_gap``, and `TrainingAlarm` when an alarm fires under
-    ``monitor.stop_on_alarm``.
+    ``monitor.stop_on_alarm``. With ``trainer.rollout_dump`` the returned rows are written to
+    ``rollouts/step_<k>.jsonl`` (`Runtime.rollout_dump`).
     """
     with runtime.timer.step():
         rollouts = step(runtime, prompts)
@@ -229,6 +230,8 @@ def run_step(
             f"the step function {getattr(step, '__name__', step)!r} must return the step's rollouts "
             f"(a Batch), got {type(rollouts).__name__}"
         )
+    if runtime.rollout_dump is not None:
+        runtime.rollout_dump.write(runtime.step, rollouts)
     metrics = {
         **step_metrics(rollouts),
         **runtime.step_metrics,

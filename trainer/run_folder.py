@@ -42,6 +42,7 @@ from hybridflow.checkpoint import (
     write_run_file,
 )
 from hybridflow.metrics.loggers.factory import METRICS_FILE, TENSORBOARD_DIR
+from hybridflow.metrics.rollout_dump import ROLLOUT_DUMP_DIR
 from trainer.config import ConfigError, RunConfig, config_to_dict
 
 __all__ = [
@@ -94,7 +95,7 @@ nothing under another prompt order or batch size, so a difference stops the run 
 ARCHIVE_DIR = "archive"
 """Where ``trainer.existing_output=archive`` moves an earlier run's outputs: ``<output_dir>/archive/<time>``."""
 
-_RUN_OUTPUTS = (METRICS_FILE, RUN_FILE, TENSORBOARD_DIR, "wandb")
+_RUN_OUTPUTS = (METRICS_FILE, RUN_FILE, TENSORBOARD_DIR, "wandb", ROLLOUT_DUMP_DIR)
 """What a run writes into its output folder beside the checkpoints (its log folder stays: a run started
 through Ray already writes there)."""
 

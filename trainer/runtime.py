@@ -24,6 +24,7 @@ from hybridflow.controller import RayWorkerGroup, Worker
 from hybridflow.data import PromptDataset, PromptLoader
 from hybridflow.metrics import PhaseTimer, create_logger
 from hybridflow.metrics.monitor import TrainingMonitor
+from hybridflow.metrics.rollout_dump import ROLLOUT_DUMP_DIR, RolloutDump
 from hybridflow.metrics.startup import StartupTimer
 from hybridflow.protocol import Batch
 from hybridflow.rewards import RewardManager
@@ -73,6 +74,8 @@ class Runtime:
             theirs through `next_prompts`, and generation ahead of the trainer looks further along it.
         rollouts_ahead: the prompt batches in flight on a rollout pool of its own
             (``async_rollout.max_staleness > 0``, `trainer.rollout_queue.RolloutQueue`).
+        rollout_dump: with ``trainer.rollout_dump``, where `trainer.fit.run_step` writes the rows each step
+            trained on (``<output_dir>/rollouts``, `hybridflow.metrics.rollout_dump.RolloutDump`); else None.
         startup: the start-up's parts (`hybridflow.metrics.startup.StartupTimer`): those of
             ``startup_s``, then ``data`` (tokenizer, datasets), ``reward``, ``placement`` (placement
             groups), ``processes`` (worker processes, process group, role objects), ``model`` (the
@@ -188,6 +191,7 @@ class Runtime:
             self._resources = resources.pop_all()
         self.prompts = PromptStream(self.loader)
         self.rollouts_ahead = RolloutQueue(config.async_rollout.max_staleness)
+        self.rollout_dump = RolloutDump(self.output_dir / ROLLOUT_DUMP_DIR) if config.trainer.rollout_dump else None
 
     # ------------------------------------------------------------------ the step's data
 
@@ -238,8 +242,8 @@ class Runtime:
 
         Loading brings back the actor's (and critic's) weights, optimizer state and schedule position
         (the optimizer settings themselves come from the config), the data position, the KL coefficient
-        and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the loggers drop the
-        records of the steps this run logs again, so each step appears once.
+        and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the loggers (and the
+        rollout dump) drop the records of the steps this run logs again, so each step appears once.
         """
         checkpoint = self.run.checkpoint
         if checkpoint is not None:
@@ -255,6 +259,8 @@ class Runtime:
             self.step = checkpoint.step
             log.warning("resumed from %s at step %d", checkpoint.path, self.step)
         self.logger.rewind(self.step + 1 if checkpoint is not None else 0)
+        if self.rollout_dump is not None:
+            self.rollout_dump.rewind(self.step + 1 if checkpoint is not None else 0)
         return checkpoint
 
     # ------------------------------------------------------------------ helpers

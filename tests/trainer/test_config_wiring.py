@@ -85,6 +85,7 @@ RUNTIME_READS: dict[str, str] = {
     "trainer.loggers": "config.trainer.loggers",
     "trainer.console": "config.trainer.console",
     "trainer.machine_peak_file": "config.trainer.machine_peak_file",
+    "trainer.rollout_dump": "config.trainer.rollout_dump",
     "trainer.project": "config.trainer.project",
     "trainer.experiment": "config.trainer.experiment",
     "trainer.output_dir": "config.trainer.output_dir",

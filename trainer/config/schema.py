@@ -241,6 +241,8 @@ class TrainerConfig:
     (`hybridflow.metrics.log_routing`); ``verbose`` leaves every process's output on the console.
     ``machine_peak_file`` holds the machine's measured peaks (``python benchmarks/bench_machine_peak.py``);
     with an entry for the run's device, every step reports each phase's fraction of it (``perf/mfu_*``).
+    ``rollout_dump`` writes the rows each step trained on (prompt index, length, version, score, text) to
+    ``<output_dir>/rollouts/step_<k>.jsonl`` (`hybridflow.metrics.rollout_dump`).
     """
 
     total_epochs: int = config_field(1, ge=1)
@@ -258,6 +260,7 @@ class TrainerConfig:
     wandb_mode: Literal["online", "offline", "disabled"] = "offline"
     console: Literal["quiet", "verbose"] = "quiet"
     machine_peak_file: str = DEFAULT_PEAK_FILE
+    rollout_dump: bool = False
 
 
 @dataclass(frozen=True)
