@@ -224,6 +224,8 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     ``timing_s/generate*`` summed).
     """
     settings = runtime.config.async_rollout
+    # Prompts are held and resumed by dataset index: a step that builds its own prompts cannot pause them.
+    require_columns(prompts, ("index",), "generate with async_rollout.partial_round_tokens > 0")
     sampling = sampling or sampling_params(runtime)
     pool = runtime.rollouts_ahead.partial
     version = runtime.actor.policy_version()[0]

@@ -9,10 +9,10 @@ sampled it, so a sample continued after a weight update carries ``[v1] * k + [v2
 
 The round runs through any ``generate`` call with the contract of `RolloutEngine.generate`: an engine's
 own method (tests, tools) or the actor group's ``generate_sequences`` (the trainer,
-`trainer.steps.generate`). A round asks the engine for ``max(budgets)`` tokens per sample in one call,
-each sample's budget being ``min(budget, cap - generated so far)``; a sample whose budget is smaller keeps
-only its first ``budget`` tokens (the rest is dropped, as if the round had stopped it there), so the
-last round of a sample near its cap can generate a few tokens that are thrown away.
+`trainer.steps.generate`). Each sample's budget in a round is ``min(budget, cap - generated so far)``;
+a round makes one call per distinct budget, with ``max_new_tokens`` that budget, so that no prefix plus
+its call's tokens passes the prompt length plus the cap (an engine's ``max_model_len``). With the cap a
+multiple of the budget, every budgeted round is one call.
 
 Greedy decoding makes a paused and continued sample token for token the sample one uninterrupted call
 draws under the same weights; seeded sampling draws its random numbers per call, so a continuation
@@ -125,8 +125,8 @@ def run_round(
     stamped with ``version``; updates the samples in place.
 
     Args:
-        generate: the generation call (`Generate`); it is called once, with one row per unfinished
-            sample (none: not called).
+        generate: the generation call (`Generate`); it is called once per distinct budget, with one
+            row per unfinished sample of that budget (no unfinished sample: not called).
         samples: the samples; finished ones are left as they are.
         sampling: how to sample; ``max_new_tokens`` is each sample's cap over all its rounds, ``n`` is
             ignored (every sample is one row).
@@ -140,32 +140,33 @@ def run_round(
     if not live:
         return RoundReport([], [], 0, 0)
     cap = sampling.max_new_tokens
-    budgets = [
-        cap - len(s.token_ids) if budget is None else min(budget, cap - len(s.token_ids)) for s in live
-    ]
-    call = dataclasses.replace(sampling, n=1, max_new_tokens=max(budgets))
-    out = generate(prefix_batch(live, pad_token_id), call)
-    rows = zip(
-        out["responses"].tolist(),
-        out["rollout_log_probs"].tolist(),
-        out["response_lengths"].tolist(),
-        out["finish_reason"],
-        strict=True,
-    )
+    by_budget: dict[int, list[PartialSample]] = {}
+    for sample in live:
+        room = cap - len(sample.token_ids)
+        by_budget.setdefault(room if budget is None else min(budget, room), []).append(sample)
     resumed = sum(1 for sample in live if sample.token_ids)
     kept = 0
-    for sample, own_budget, (ids, log_probs, length, reason) in zip(live, budgets, rows, strict=True):
-        take = min(int(length), own_budget)
-        sample.token_ids.extend(ids[:take])
-        sample.log_probs.extend(log_probs[:take])
-        sample.versions.extend([version] * take)
-        sample.rounds += 1
-        kept += take
-        # A stop token the budget cut off was never part of the sample: it stopped only if it ended inside.
-        if reason == "stop" and int(length) <= own_budget:
-            sample.finish_reason = "stop"
-        elif len(sample.token_ids) >= cap:
-            sample.finish_reason = "length"
+    for own_budget, group in sorted(by_budget.items()):
+        out = generate(
+            prefix_batch(group, pad_token_id), dataclasses.replace(sampling, n=1, max_new_tokens=own_budget)
+        )
+        rows = zip(
+            out["responses"].tolist(),
+            out["rollout_log_probs"].tolist(),
+            out["response_lengths"].tolist(),
+            out["finish_reason"],
+            strict=True,
+        )
+        for sample, (ids, log_probs, length, reason) in zip(group, rows, strict=True):
+            sample.token_ids.extend(ids[:length])
+            sample.log_probs.extend(log_probs[:length])
+            sample.versions.extend([version] * length)
+            sample.rounds += 1
+            kept += length
+            if reason == "stop":
+                sample.finish_reason = "stop"
+            elif len(sample.token_ids) >= cap:
+                sample.finish_reason = "length"
     finished = [sample for sample in live if sample.finished]
     paused = [sample for sample in live if not sample.finished]
     return RoundReport(finished, paused, resumed, kept)

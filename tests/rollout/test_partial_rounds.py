@@ -29,8 +29,8 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=CAP)
 V1, V2 = 4, 5  # policy versions of the two weight sets
 
 
-def _rounds(engine: RolloutEngine, budget_then_update: bool) -> dict[str, Any]:
-    """Greedy samples of the tiny prompts in rounds of ``BUDGET`` tokens, with the reference each must match.
+def _rounds(engine: RolloutEngine, budget_then_update: bool, budget: int = BUDGET) -> dict[str, Any]:
+    """Greedy samples of the tiny prompts in rounds of ``budget`` tokens, with the reference each must match.
 
     ``budget_then_update``: one round on the initial weights, then the perturbed weights, rounds to the end.
     Otherwise every round on the initial weights.
@@ -39,13 +39,13 @@ def _rounds(engine: RolloutEngine, budget_then_update: bool) -> dict[str, Any]:
     pad = engine.pad_token_id
     whole = engine.generate(prompts, GREEDY)
     samples = start_samples(prompts, 1)
-    reports = [run_round(engine.generate, samples, GREEDY, BUDGET, V1, pad)]
+    reports = [run_round(engine.generate, samples, GREEDY, budget, V1, pad)]
     version = V1
     if budget_then_update:
         engine.update_weights(iter(_tiny.perturbed_state(_tiny.model(), scale=0.2).items()))
         version = V2
     while any(not s.finished for s in samples):
-        reports.append(run_round(engine.generate, samples, GREEDY, BUDGET, version, pad))
+        reports.append(run_round(engine.generate, samples, GREEDY, budget, version, pad))
     result: dict[str, Any] = {
         "tokens": [s.token_ids for s in samples],
         "versions": [s.versions for s in samples],
@@ -80,6 +80,37 @@ def _rounds(engine: RolloutEngine, budget_then_update: bool) -> dict[str, Any]:
     return result
 
 
+def _staggered(engine: RolloutEngine, budget: int = 5) -> dict[str, Any]:
+    """Rounds of ``budget`` where a second copy of the prompts starts one round after the first: from the
+    third round on, one round holds samples of different budgets (2 left to the cap next to 5)."""
+    prompts = _tiny.prompts()
+    whole = engine.generate(prompts, GREEDY)
+    first, second = start_samples(prompts, 1), start_samples(prompts, 1)
+    run_round(engine.generate, first, GREEDY, budget, V1, engine.pad_token_id)
+    calls: list[int] = []
+
+    def counted(batch, sampling):
+        calls.append(sampling.max_new_tokens)
+        return engine.generate(batch, sampling)
+
+    while any(not s.finished for s in first + second):
+        run_round(counted, first + second, GREEDY, budget, V1, engine.pad_token_id)
+    expected = [
+        row[:n].tolist() for row, n in zip(whole["responses"], whole["response_lengths"], strict=True)
+    ]
+    return {
+        "first": [s.token_ids for s in first],
+        "second": [s.token_ids for s in second],
+        "expected": expected,
+        "calls": calls,
+    }
+
+
+def _check_staggered(result: dict[str, Any]) -> None:
+    assert result["first"] == result["expected"] and result["second"] == result["expected"]
+    assert 2 in result["calls"] and 5 in result["calls"], result["calls"]
+
+
 def _vllm_rounds(rank: int, world_size: int, model_dir: Path, budget_then_update: bool) -> dict[str, Any]:
     config = RolloutConfig(
         engine="vllm",
@@ -88,12 +119,19 @@ def _vllm_rounds(rank: int, world_size: int, model_dir: Path, budget_then_update
         enforce_eager=True,
         cache_dir=str(_tiny.CACHE_DIR),
     )
-    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=128))
-    return {"same": _rounds(engine, False), "updated": _rounds(engine, budget_then_update)}
+    # As tight as the trainer sizes it (prompt + cap): a round's call must fit each of its prefixes.
+    longest = int(_tiny.prompts()["attention_mask"].sum(-1).max())
+    engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=longest + CAP))
+    return {
+        "same": _rounds(engine, False),
+        "updated": _rounds(engine, budget_then_update),
+        "uneven": _rounds(engine, False, budget=5),
+        "staggered": _staggered(engine),
+    }
 
 
-def _check_same_weights(result: dict[str, Any]) -> None:
-    assert max(result["rounds"]) >= 3, result  # some sample paused and was continued twice or more
+def _check_same_weights(result: dict[str, Any], budget: int = BUDGET) -> None:
+    assert max(result["rounds"]) >= -(-CAP // budget), result  # some sample ran every round to the cap
     assert result["tokens"] == result["whole_tokens"]
     assert result["reasons"] == result["whole_reasons"]
     for got, want in zip(result["log_probs"], result["whole_log_probs"], strict=True):
@@ -131,6 +169,9 @@ def test_hf_rounds_equal_one_greedy_call_and_carry_versions(tiny_model_dir: Path
         )
         result = _rounds(engine, update)
         (_check_updated if update else _check_same_weights)(result)
+    # Rounds of 5 under a cap of 12: the last round gives 2 tokens to samples at 10 and 5 to others.
+    _check_same_weights(_rounds(engine, False, budget=5), budget=5)
+    _check_staggered(_staggered(engine))
 
 
 @pytest.mark.slow
@@ -139,3 +180,6 @@ def test_vllm_rounds_equal_one_greedy_call_and_carry_versions(tiny_model_dir: Pa
     (result,) = run_ranks(_vllm_rounds, 1, tiny_model_dir, True, timeout_s=400)
     _check_same_weights(result["same"])
     _check_updated(result["updated"])
+    _check_same_weights(result["uneven"], budget=5)
+    # Each call fits the engine's max_model_len (prompt + cap) although the round mixes budgets.
+    _check_staggered(result["staggered"])
