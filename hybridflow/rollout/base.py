@@ -12,7 +12,7 @@ import torch
 from hybridflow.protocol import Batch
 from hybridflow.rollout.sampling import SamplingParams
 
-__all__ = ["RolloutEngine", "SampledTokens"]
+__all__ = ["RolloutEngine", "SampledTokens", "left_padded_prompts"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,18 @@ class SampledTokens:
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...]
     finish_reason: str
+
+
+def left_padded_prompts(prefixes: Sequence[Sequence[int]], pad_token_id: int) -> Batch:
+    """Token id lists as a prompt Batch: ``input_ids`` and ``attention_mask [len(prefixes), longest]``,
+    left-padded with ``pad_token_id`` (the mask 0 on padding), as `RolloutEngine.generate` reads them."""
+    width = max(len(prefix) for prefix in prefixes)
+    input_ids = torch.full((len(prefixes), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+    for row, prefix in enumerate(prefixes):
+        input_ids[row, width - len(prefix) :] = torch.as_tensor(list(prefix), dtype=torch.long)
+        attention_mask[row, width - len(prefix) :] = 1
+    return Batch({"input_ids": input_ids, "attention_mask": attention_mask})
 
 
 class RolloutEngine(ABC):
@@ -96,13 +108,7 @@ class RolloutEngine(ABC):
         """
         if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
             raise ValueError("continue_token_lists needs at least one prefix and no empty prefix")
-        width = max(len(prefix) for prefix in prefixes)
-        input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prefixes), width), dtype=torch.long)
-        for row, prefix in enumerate(prefixes):
-            input_ids[row, width - len(prefix) :] = torch.as_tensor(list(prefix), dtype=torch.long)
-            attention_mask[row, width - len(prefix) :] = 1
-        out = self.generate(Batch({"input_ids": input_ids, "attention_mask": attention_mask}), sampling)
+        out = self.generate(left_padded_prompts(prefixes, self.pad_token_id), sampling)
         columns = (
             out["responses"].tolist(),
             out["rollout_log_probs"].tolist(),

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.protocol import Batch
+from hybridflow.rollout.base import left_padded_prompts
 from hybridflow.rollout.sampling import SamplingParams
 
 __all__ = [
@@ -103,14 +104,7 @@ def start_samples(prompts: Batch, n: int) -> list[PartialSample]:
 def prefix_batch(samples: Sequence[PartialSample], pad_token_id: int) -> Batch:
     """Each sample's prompt followed by its response so far, as left-padded ``input_ids`` and
     ``attention_mask [len(samples), longest prefix]``."""
-    prefixes = [(*sample.prompt_ids, *sample.token_ids) for sample in samples]
-    width = max(len(prefix) for prefix in prefixes)
-    input_ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
-    for row, prefix in enumerate(prefixes):
-        input_ids[row, width - len(prefix) :] = torch.as_tensor(prefix, dtype=torch.long)
-        attention_mask[row, width - len(prefix) :] = 1
-    return Batch({"input_ids": input_ids, "attention_mask": attention_mask})
+    return left_padded_prompts([(*sample.prompt_ids, *sample.token_ids) for sample in samples], pad_token_id)
 
 
 def run_round(
