@@ -119,8 +119,10 @@ def _write_task(root: Path, count: int) -> None:
     (root / "reward.py").write_text(REWARD)
 
 
-def _config(root: Path, args: argparse.Namespace, side: str) -> object:
-    overrides = [
+def task_overrides(root: Path, args: argparse.Namespace, side: str) -> list[str]:
+    """The config overrides of the long-tail task's GRPO run for ``side`` (its output folder), before
+    any placement or asynchrony (bench_partial_rollout.py runs the same task)."""
+    return [
         f"data.train_files=[{root / 'train.parquet'}]",
         "data.max_prompt_length=8",
         f"data.max_response_length={args.long_tokens}",
@@ -148,6 +150,10 @@ def _config(root: Path, args: argparse.Namespace, side: str) -> object:
         f"trainer.output_dir={root / side}",
         "resource.cpus_per_slot=1",
     ]
+
+
+def _config(root: Path, args: argparse.Namespace, side: str) -> object:
+    overrides = task_overrides(root, args, side)
     if side == "sync colocated":
         overrides.append(f"resource.slots_per_node={args.slots}")
     else:
