@@ -20,11 +20,8 @@ counted it twice would train them twice.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,13 +34,13 @@ from hybridflow.checkpoint.marker import read_marker
 from hybridflow.data.sampler import ResumableBatchSampler
 from hybridflow.metrics import read_jsonl
 from hybridflow.metrics.rollout_dump import read_rollout_dump
+from tests.trainer._command_line import run_to_the_end, start_driver, wait_for_file
 from tests.trainer._runs import run_config, write_task
 from trainer.config import config_to_dict
 
 # Two runs of the command line, each mostly start-up (Ray, two pools, the reward pool).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * 600)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 KILLED_AFTER = 2
 PROMPTS = 16
@@ -63,17 +60,6 @@ SETTINGS = [
     "trainer.save_every=1",
     "trainer.rollout_dump=true",
 ]
-RUN_TIMEOUT_S = 600
-
-
-def start_driver(config: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer.main", "--config", str(config)],
-        cwd=REPO_ROOT,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )
 
 
 def kill_tree(driver: subprocess.Popen) -> None:
@@ -94,11 +80,7 @@ def kill_when_in_flight(config: Path, output_dir: Path, log: Path) -> None:
     marker = output_dir / "checkpoints" / f"step_{KILLED_AFTER}" / MARKER_FILE
     driver = start_driver(config, log)
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not marker.exists():
-            assert driver.poll() is None, f"the run ended before its checkpoint: {log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint after {RUN_TIMEOUT_S} s"
-            time.sleep(0.05)
+        wait_for_file(driver, marker, log)
         kill_tree(driver)
     finally:
         if driver.poll() is None:
@@ -121,22 +103,14 @@ def runs(tmp_path_factory):
         "checkpoints": sorted(path.name for path in (output_dir / "checkpoints").iterdir()),
         "marker": read_marker(output_dir / "checkpoints" / f"step_{KILLED_AFTER}"),
     }
-    resumed = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--config", str(config_file)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )
-    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    output = run_to_the_end(config_file, root / "resumed.log")
     # The data order: the rows of each step of an uninterrupted run, as its loader's sampler draws them
     # (a dataset's ``index`` is its row's position), epoch after epoch.
     sampler = ResumableBatchSampler(PROMPTS, BATCH, seed=config.data.seed, shuffle=config.data.shuffle)
     order = [batch for _ in range(STEPS * BATCH // PROMPTS) for batch in sampler]
     return {
         "killed": killed,
-        "output": resumed.stdout + resumed.stderr,
+        "output": output,
         "records": read_jsonl(output_dir / "metrics.jsonl"),
         "dump": read_rollout_dump(output_dir / "rollouts"),
         "order": order,

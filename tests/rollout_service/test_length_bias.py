@@ -91,15 +91,8 @@ class RecordingRolloutWorker(RolloutWorker):
 def write_long_tail_model(folder: Path) -> None:
     """The tiny model of the trainer tests whose EOS logit swings with the context (module docstring)."""
     tokenizer = build_char_tokenizer()
-    model = build_tiny_causal_lm(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        seed=0,
+    model = build_tiny_causal_lm(  # the builder's defaults are the trainer tests' tiny shape
+        len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 import yaml
 
 from hybridflow.checkpoint import MARKER_FILE
+from tests.trainer._command_line import run_to_the_end, start_driver, wait_for_file
 from tests.trainer._runs import run_config, write_task
 from trainer.config import config_to_dict
 
@@ -30,7 +29,6 @@ from trainer.config import config_to_dict
 # 20-50 on 2 cores, so more than the suite's default timeout per test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 600)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 SAVE_EVERY = 2
 KILLED_IN = SAVE_EVERY + 1
@@ -51,7 +49,6 @@ SETTINGS = [
 # fractions of the machine's peak (logged where this machine has a stored peak) and memory peaks.
 MACHINE_PREFIXES = ("timing_s/", "timing_share/", "perf/mfu_", "perf/generation_bandwidth_frac")
 MACHINE_SUFFIXES = ("_s", "_s_per_rank", "_peak_mb")
-RUN_TIMEOUT_S = 600
 
 
 def write_run_config(root: Path, output_dir: Path) -> Path:
@@ -60,30 +57,6 @@ def write_run_config(root: Path, output_dir: Path) -> Path:
     path = output_dir.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(config_to_dict(config)))
     return path
-
-
-def start_driver(config: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer.main", "--config", str(config)],
-        cwd=REPO_ROOT,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )
-
-
-def run_to_the_end(config: Path, log: Path) -> str:
-    """Run the command to completion; returns its output."""
-    driver = start_driver(config, log)
-    try:
-        code = driver.wait(timeout=RUN_TIMEOUT_S)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    output = log.read_text()
-    assert code == 0, output[-4000:]
-    return output
 
 
 def records(output_dir: Path) -> list[dict]:
@@ -107,11 +80,7 @@ def kill_in_step(config: Path, output_dir: Path, log: Path) -> None:
     marker = output_dir / "checkpoints" / f"step_{SAVE_EVERY}" / MARKER_FILE
     driver = start_driver(config, log)
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not marker.exists():
-            assert driver.poll() is None, f"the run ended before its checkpoint: {log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint after {RUN_TIMEOUT_S} s"
-            time.sleep(0.05)
+        wait_for_file(driver, marker, log)
         step_seconds = records(output_dir)[-1]["timing_s/step"]
         time.sleep(0.15 * step_seconds)
         logged = [record["step"] for record in records(output_dir)]
