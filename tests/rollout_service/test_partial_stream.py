@@ -1,0 +1,75 @@
+"""The parts of partial rollouts that need no Ray: the prompt stream's held prompts across a checkpoint,
+and which groups must finish in a step (the staleness bound)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.data import PromptDataset, PromptLoader, write_rows
+from hybridflow.data.char_tokenizer import build_char_tokenizer
+from hybridflow.protocol import Batch
+from trainer.rollout_queue import OWED_KEY, PartialPool, PromptStream
+
+
+@pytest.fixture
+def loader(tmp_path) -> PromptLoader:
+    rows = [
+        {"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}="}], "reward_model": {"ground_truth": "1"}}
+        for i in range(12)
+    ]
+    write_rows(rows, tmp_path / "rows.jsonl")
+    dataset = PromptDataset(tmp_path / "rows.jsonl", build_char_tokenizer(), max_prompt_length=8)
+    return PromptLoader(dataset, batch_size=3, pad_token_id=0, seed=5)
+
+
+def _ids(batch: Batch) -> list[int]:
+    return [int(i) for i in batch["index"]]
+
+
+def test_held_prompts_come_back_first_after_a_resume_and_batches_keep_their_size(loader):
+    order = [i for batch in PromptLoader(loader.dataset, 3, 0, seed=5) for i in _ids(batch)]
+    stream = PromptStream(loader)
+    first, second = stream.next(), stream.next()
+    assert _ids(first) + _ids(second) == order[:6]
+    stream.hold(first)
+    stream.hold(second)
+    stream.release([_ids(first)[1], *_ids(second)[:2]])  # trained: 4 of the 6; held: order[0], order[2], order[5]
+    held = [order[0], order[2], order[5]]
+    state = stream.state_dict()
+    assert state[OWED_KEY] == held
+    assert state["position"] == 2  # the loader's position after both batches
+
+    resumed = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
+    resumed.load_state_dict(state)
+    assert _ids(resumed.next()) == held  # exactly one batch's worth: no top-up needed
+    assert _ids(resumed.next()) == order[6:9]  # then the data order where the checkpoint left it
+    # Held prompts are listed while untrained, and none twice.
+    again = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
+    again.load_state_dict({**state, OWED_KEY: held[:2]})
+    topped = again.next()
+    assert _ids(topped) == [*held[:2], order[6]]  # 2 owed, topped up from the loader's next batch
+    assert again.state_dict()[OWED_KEY] == order[7:9]  # the rest of that batch is owed, not lost
+    assert _ids(again.next()) == [*order[7:9], order[9]]
+
+
+def test_without_held_prompts_the_state_is_the_loaders(loader):
+    stream = PromptStream(loader)
+    batch = stream.next()
+    stream.hold(batch)
+    stream.release(_ids(batch))
+    assert stream.state_dict() == loader.state_dict()
+
+
+def test_groups_started_max_staleness_versions_ago_are_due(loader):
+    stream = PromptStream(loader)
+    pool = PartialPool()
+    pool.start(stream.next(), n=2, version=3)
+    pool.start(stream.next(), n=2, version=4)
+    due, rest = pool.unfinished(version=5, max_staleness=2)
+    assert len(due) == 6 and len(rest) == 6  # the version-3 prompts reach the bound at version 5
+    assert {s.group for s in due} == {0, 1, 2}
+    for sample in due:
+        sample.finish_reason = "stop"
+    assert pool.complete() == 3
+    taken = pool.take(2)
+    assert [g.version for g in taken] == [3, 3] and len(pool) == 4
