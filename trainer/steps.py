@@ -184,7 +184,9 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
     memory are recorded as ``resharding/*`` and ``timing_s/generate*``. With the rollout on a pool of its
     own (`generate_on_pool`), the actor's current weights are pushed to its engines first, each row
     carries the ``policy_version`` it was sampled with, and with ``async_rollout.max_staleness > 0`` the
-    rows are those the pool generated ahead, while earlier steps trained.
+    rows are those the pool generated ahead, while earlier steps trained. With
+    ``async_rollout.partial_round_tokens > 0`` the rows are those of the oldest prompts whose samples
+    finished, possibly started in earlier steps (`generate_partial`).
     """
     if runtime.config.async_rollout.partial_round_tokens:
         return generate_partial(runtime, prompts, sampling)
