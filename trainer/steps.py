@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -40,7 +39,7 @@ from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
-from hybridflow.rollout.partial import response_columns, run_round
+from hybridflow.rollout.partial import derived_seed, response_columns, run_round
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
@@ -66,7 +65,6 @@ __all__ = [
     "old_log_probs",
     "ref_log_probs",
     "reward_scores",
-    "round_seed",
     "sampling_from",
     "sampling_params",
     "score",
@@ -265,9 +263,10 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
                     f"is running, fewer than data.train_batch_size={wanted}; generate was given "
                     f"{len(prompts)} prompts (a step must start a full batch of prompts)"
                 )
-            call = sampling if sampling.seed is None else replace(sampling, seed=round_seed(sampling.seed, rounds))
-            for samples, budget in ((due, None), (rest, settings.partial_round_tokens)):
+            for kind, (samples, budget) in enumerate(((due, None), (rest, settings.partial_round_tokens))):
                 if samples:
+                    seed = None if sampling.seed is None else derived_seed(sampling.seed, rounds, kind)
+                    call = replace(sampling, seed=seed)
                     report = run_round(engine_call, samples, call, budget, version, pad)
                     resumed += report.resumed
                     generated += report.generated_tokens
@@ -294,12 +293,6 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     )
     _add(runtime, GENERATED_METRIC, float(generated))
     return rows | add_group_ids(rows, sampling.n) | decode_responses(rows, runtime.tokenizer)
-
-
-def round_seed(seed: int, round_index: int) -> int:
-    """The seed of a step's ``round_index``-th partial-rollout round: a hash of both, so rounds draw
-    apart from each other and from other steps' seeds."""
-    return int(np.random.SeedSequence([seed, round_index]).generate_state(1)[0]) % 2**31
 
 
 def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:

@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hybridflow.protocol import Batch
@@ -35,6 +36,7 @@ __all__ = [
     "Generate",
     "PartialSample",
     "RoundReport",
+    "derived_seed",
     "prefix_batch",
     "response_columns",
     "run_round",
@@ -91,6 +93,12 @@ class RoundReport:
     generated_tokens: int
 
 
+def derived_seed(seed: int, *keys: int) -> int:
+    """A seed in ``[0, 2**31)`` hashed from ``seed`` and ``keys``: the calls of a step's rounds (round,
+    budget) each draw their own random numbers, reproducibly, and apart from other steps' seeds."""
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0]) % 2**31
+
+
 def start_samples(prompts: Batch, n: int) -> list[PartialSample]:
     """``n`` unstarted samples per row of ``prompts`` (``input_ids``/``attention_mask [rows, prompt_len]``,
     left-padded), prompt-major (row i's at ``i*n .. i*n+n-1``, their ``group`` i)."""
@@ -141,9 +149,10 @@ def run_round(
     resumed = sum(1 for sample in live if sample.token_ids)
     kept = 0
     for own_budget, group in sorted(by_budget.items()):
-        out = generate(
-            prefix_batch(group, pad_token_id), dataclasses.replace(sampling, n=1, max_new_tokens=own_budget)
-        )
+        # Calls of one round differ in seed: requests at the same position of two calls would share one.
+        seed = None if sampling.seed is None else derived_seed(sampling.seed, own_budget)
+        call = dataclasses.replace(sampling, n=1, max_new_tokens=own_budget, seed=seed)
+        out = generate(prefix_batch(group, pad_token_id), call)
         rows = zip(
             out["responses"].tolist(),
             out["rollout_log_probs"].tolist(),

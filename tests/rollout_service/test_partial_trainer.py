@@ -186,3 +186,12 @@ def test_partial_rollouts_refuse_the_split_pool_and_staleness_0(tmp_path):
         ConfigError, match=r"async_rollout\.partial_round_tokens: 3 runs partial rollouts.*colocated"
     ):
         run_config(root, "hf", 1, split)
+
+
+def test_samples_of_one_prompt_are_drawn_apart(run):
+    """Every call of a step's rounds samples with its own seed: samples of one prompt continued in
+    different calls, or started in one, do not repeat each other's draws."""
+    for rollouts in run["rollouts"]:
+        rows = [tuple(r[m.bool()].tolist()) for r, m in zip(rollouts["responses"], rollouts["response_mask"], strict=True)]
+        groups = [rows[i : i + N] for i in range(0, len(rows), N)]
+        assert sum(len(set(group)) == N for group in groups) >= len(groups) - 1, groups
