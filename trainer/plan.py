@@ -229,8 +229,12 @@ class _Planner:
             self.sizes.world_size,
             adapters if lora is not None else None,
         )
+        # The engines on a rollout pool of their own (`workers.rollout.RolloutWorker`): they never release
+        # their memory, and a LoRA actor's push reaches them merged (`workers.weight_push`).
+        self.split = config.resource.splits_rollout
         # What the weight push streams, and whether the engine holds adapters of its own.
-        self.engine_adapters = adapters if lora is not None and lora.push == "adapters" else {}
+        pushes_adapters = lora is not None and lora.push == "adapters" and not self.split
+        self.engine_adapters = adapters if pushes_adapters else {}
         # The engine's dtype and length; the planner starts no worker, so no model directory is needed.
         self.engine = derive_values(config, self.sizes, total_steps=1, model_dir="").actor.engine
         self.critic = (
@@ -259,6 +263,8 @@ class _Planner:
             present.append("reward_model")
         if self.teacher is not None:
             present.append("teacher")
+        if self.split:
+            present.append("rollout")
         pools: dict[str, list[str]] = {}
         for role in present:
             pools.setdefault(self.config.resource.pool_of(role), []).append(role)
@@ -282,7 +288,8 @@ class _Planner:
             if config.needs_reference and config.actor.lora is None:
                 ref_away = offload and config.ref.param_offload and phase != "ref"
                 out["reference params"] = 0 if ref_away else self.actor.shard(self.master)
-            out.update(self.engine_resident(generating))
+        if self.holds_engine(roles):
+            out.update(self.engine_resident(phase == "generation"))
         if "critic" in roles and self.critic is not None:
             # The critic worker keeps its state on the device in every phase and drops its gradients
             # only when its next update starts.
@@ -299,6 +306,10 @@ class _Planner:
             out["teacher params"] = 0 if teacher_away else self.teacher.shard(self.master)
         return out
 
+    def holds_engine(self, roles: list[str]) -> bool:
+        """Whether the processes of ``roles`` hold the inference engine."""
+        return "rollout" in roles if self.split else "actor_rollout" in roles
+
     def engine_resident(self, generating: bool) -> dict[str, int]:
         """The engine's weights, runtime and cache as they stand in or out of generation."""
         engine, derived, tp = self.config.rollout, self.engine, self.sizes.rollout_tp_size
@@ -311,9 +322,10 @@ class _Planner:
             if generating:
                 out["KV cache"] = self.hf_cache_bytes()
             return out
-        # The engine's memory is released between generations unless resharding.free_kv_cache is off:
-        # the KV cache on CPU (where vLLM has no sleep mode), the KV cache and the weights on GPU.
-        released = self.config.resharding.free_kv_cache and not generating
+        # The colocated engine's memory is released between generations unless resharding.free_kv_cache
+        # is off: the KV cache on CPU (where vLLM has no sleep mode), the KV cache and the weights on GPU.
+        # An engine on a pool of its own keeps everything: nothing else runs in its processes.
+        released = self.config.resharding.free_kv_cache and not generating and not self.split
         out = {}
         if not (released and self.on_gpu):
             out["engine weights"] = engine_weight_bytes(
@@ -343,24 +355,32 @@ class _Planner:
     # ---------------------------------------------------------------- phases
 
     def generation(self, roles: list[str]) -> list[PhaseMemory]:
+        """The weight push and the sampling, in the processes of ``roles``: the push's gather buffer in
+        the actor's (with a split rollout, also the bucket its rank 0 broadcasts), the received bucket and
+        the engine's reload copies where the engine is, and sampling only there."""
         engine, sizes, data = self.config.rollout, self.sizes, self.config.data
         itemsize = _ITEMSIZE[self.engine.dtype]
         rows = sizes.prompts_per_rollout_dp_rank * self.config.rollout.n
+        bucket = self.config.resharding.bucket_bytes
         # Streamed tensors are gathered whole (FSDP2 pads dim 0 to the world) in the engine's dtype.
         pushed = self.engine_adapters or self.actor.params
-        streamed = (fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in pushed.values())
-        buffer = gather_buffer_bytes(streamed, self.config.resharding.bucket_bytes)
         shape, tp = self.shape, sizes.rollout_tp_size
-        reload = (
+        push = self.resident(roles, "generation", "weight push")
+        if "actor_rollout" in roles:
+            streamed = (fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in pushed.values())
+            push["gather buffer"] = gather_buffer_bytes(streamed, bucket)
+            if self.split:
+                push["send bucket"] = bucket
+        if not self.holds_engine(roles):
+            return [PhaseMemory("generation", "weight push", push)]
+        if self.split:
+            # One bucket at a time arrives; a tensor larger than a bucket arrives alone, at its size.
+            push["receive bucket"] = max([bucket, *(_numel(dims) * itemsize for dims in pushed.values())])
+        push["engine reload copies"] = (
             engine_reload_bytes(shape, tp, itemsize, host_prepack=not self.on_gpu)
             if engine.engine == "vllm"
             else 0
         )
-        push = {
-            **self.resident(roles, "generation", "weight push"),
-            "gather buffer": buffer,
-            "engine reload copies": reload,
-        }
         sampling = self.resident(roles, "generation", "sampling")
         if engine.engine == "vllm":
             batched = engine.max_num_batched_tokens or max(

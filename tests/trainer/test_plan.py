@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hybridflow.models import build_tiny_causal_lm
-from hybridflow.planning import ModelShape, fsdp_shard_bytes, parameter_shapes
+from hybridflow.planning import ModelShape, engine_weight_bytes, fsdp_shard_bytes, parameter_shapes
 from tests.trainer._runs import write_task
 from trainer import main as trainer_main
 from trainer.config import load_config
-from trainer.plan import main, plan_memory, policy_shape
+from trainer.plan import VLLM_CPU_RUNTIME_BYTES, main, plan_memory, policy_shape
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
@@ -168,3 +168,46 @@ def test_a_teacher_adds_its_shard_and_its_forward(task: Path, tmp_path: Path) ->
     assert all(phase.components["teacher params"] == whole for phase in teacher.phases)
     assert (by_phase["update"].moment, by_phase["update"].components) == ("idle", {"teacher params": whole})
     assert by_phase["teacher"].moment == "forward, 128 tokens"
+
+
+def test_a_rollout_pool_of_its_own_holds_the_engine_and_keeps_it(task: Path) -> None:
+    pool = ["resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}", "resource.placement={rollout: rollout_pool}"]
+    config = load_config(None, _overrides(task, "rollout.engine=vllm", *pool))
+    actor, rollout = plan_memory(config).processes
+    assert (actor.roles, actor.ranks, rollout.roles, rollout.ranks) == ("actor_rollout", 2, "rollout", 1)
+    # The actor's processes hold no engine; in generation they gather each tensor into the 4 MB buffer
+    # and rank 0 packs it into the 4 MB bucket it broadcasts. They do not sample.
+    engine_parts = {"engine weights", "engine runtime", "KV cache", "engine reload copies", "receive bucket"}
+    assert all(not engine_parts & set(phase.components) for phase in actor.phases)
+    by_phase = {phase.phase: phase for phase in actor.phases}
+    assert by_phase["generation"].moment == "weight push"
+    assert by_phase["generation"].components["gather buffer"] == 4_000_000
+    assert by_phase["generation"].components["send bucket"] == 4_000_000
+    # The engine's one rank holds the whole model and its 100 MB KV cache in every phase: nothing else
+    # runs there, so nothing is released between generations (colocated, the cache goes while training).
+    weights = engine_weight_bytes(policy_shape(config), 1, 4, host_prepack=True)
+    for phase in rollout.phases:
+        assert phase.components["engine weights"] == weights
+        assert phase.components["KV cache"] == 100_000_000
+        assert "actor params" not in phase.components
+    by_phase = {phase.phase: phase for phase in rollout.phases}
+    assert by_phase["update"].moment == "idle"
+    assert by_phase["update"].components == {
+        "engine weights": weights,
+        "engine runtime": VLLM_CPU_RUNTIME_BYTES,
+        "KV cache": 100_000_000,
+    }
+    # It receives one bucket at a time; a tensor larger than the bucket (the 5000 x 128 fp32 embedding
+    # and head, 2.56 MB, against a 1 MB bucket) arrives alone, at its size. (A small engine batch keeps
+    # sampling below the push, so the plan shows the push.)
+    small_batch = ("rollout.max_num_seqs=1", "rollout.max_num_batched_tokens=16")
+    for bucket, received in ((4_000_000, 4_000_000), (1_000_000, 5000 * 128 * 4)):
+        keys = _overrides(task, "rollout.engine=vllm", f"resharding.bucket_bytes={bucket}", *small_batch, *pool)
+        generation = plan_memory(load_config(None, keys)).processes[1].phases[0]
+        assert (generation.phase, generation.moment) == ("generation", "weight push")
+        assert generation.components["receive bucket"] == received
+    # The HF engine keeps no cache between generations, wherever it runs.
+    hf = load_config(None, _overrides(task, "rollout.engine=hf", *pool))
+    _, hf_rollout = plan_memory(hf).processes
+    assert {phase.phase for phase in hf_rollout.phases if "KV cache" in phase.components} == {"generation"}
+
