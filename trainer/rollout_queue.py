@@ -21,7 +21,7 @@ dropped, so long samples are trained exactly as often as short ones.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,9 +73,10 @@ class PromptStream:
         # Batches taken from the loader ahead of `next`, each with the loader's position before it.
         self._ahead: deque[tuple[Batch, dict[str, Any]]] = deque()
         # Dataset indices to hand out before the loader's next batch (a resumed run's held prompts,
-        # then the rest of a batch that topped them up), and those handed out and not yet trained.
+        # then the rest of a batch that topped them up), and those handed out and not yet trained, with
+        # their count: the next epoch can hand a prompt out again while its earlier start still runs.
         self._owed: deque[int] = deque()
-        self._held: dict[int, None] = {}
+        self._held: Counter[int] = Counter()
 
     def _endless(self) -> Iterator[Batch]:
         while True:
@@ -108,21 +109,27 @@ class PromptStream:
         return self._ahead[index][0]
 
     def hold(self, prompts: Batch) -> None:
-        """Count ``prompts`` (by their ``index`` column) as handed out and not yet trained."""
-        self._held.update(dict.fromkeys(int(i) for i in prompts["index"]))
+        """Count ``prompts`` (by their ``index`` column) as handed out and not yet trained (a prompt
+        handed out again while held counts once more)."""
+        self._held.update(int(i) for i in prompts["index"])
 
     def release(self, indices: list[int]) -> None:
-        """The held prompts of ``indices`` were trained."""
+        """The held prompts of ``indices`` were trained (each index once per start trained)."""
         for index in indices:
-            del self._held[index]
+            if index not in self._held:
+                raise KeyError(f"PromptStream.release: prompt {index} is not held")
+            self._held[index] -= 1
+            if not self._held[index]:
+                del self._held[index]
 
     def state_dict(self) -> dict[str, Any]:
         """The data position of the next batch `next` returns: batches taken only through `peek` are
         not counted, so a resume hands them out again. Held and owed prompts, if any, are listed under
-        `OWED_KEY` (dataset indices, held first), for the resumed stream to hand out first."""
+        `OWED_KEY` (dataset indices, held first, a prompt held twice listed twice), for the resumed
+        stream to hand out first."""
         state = dict(self._ahead[0][1]) if self._ahead else dict(self.loader.state_dict())
         if self._held or self._owed:
-            state[OWED_KEY] = [*self._held, *self._owed]
+            state[OWED_KEY] = [*self._held.elements(), *self._owed]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

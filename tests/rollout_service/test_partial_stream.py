@@ -73,3 +73,21 @@ def test_groups_started_max_staleness_versions_ago_are_due(loader):
     assert pool.complete() == 3
     taken = pool.take(2)
     assert [g.version for g in taken] == [3, 3] and len(pool) == 4
+
+
+def test_a_prompt_handed_out_again_while_held_is_held_twice(loader):
+    """An epoch ends while prompts of it still run: the next epoch hands them out again, and each start
+    is held, listed in a checkpoint and released on its own."""
+    stream = PromptStream(loader)
+    first_epoch = [i for _ in range(4) for i in _ids(stream.next())]  # 12 prompts, batches of 3
+    second_epoch = stream.next()
+    stream.hold(loader.collate([loader.dataset[i] for i in first_epoch]))
+    stream.hold(second_epoch)
+    again = _ids(second_epoch)
+    assert sorted(stream.state_dict()[OWED_KEY]) == sorted(first_epoch + again)  # 15: 3 prompts twice
+    stream.release(first_epoch)
+    assert sorted(stream.state_dict()[OWED_KEY]) == sorted(again)
+    stream.release(again)
+    assert OWED_KEY not in stream.state_dict()
+    with pytest.raises(KeyError, match=f"prompt {again[0]} is not held"):
+        stream.release(again[:1])
