@@ -11,7 +11,8 @@ ends where an uninterrupted one does. Both sides use that worker class; the rewa
 target character (varied, so every step updates).
 
 Two sides, each a fresh run of ``--steps`` GRPO steps (``trainer.algorithms.rl_step``) on ``--slots``
-colocated device slots (CPU processes of one core each), one after the other:
+colocated device slots (CPU processes of one core each), one after the other (``--partial-first``
+swaps the order, to tell an order effect from the host's load):
 
 - **sync colocated**: the default hybrid engine; each step waits for its longest sample;
 - **partial rollouts**: ``async_rollout.partial_round_tokens`` = the short answer's length and
@@ -19,15 +20,17 @@ colocated device slots (CPU processes of one core each), one after the other:
   is never forced to finish early): a step trains the ``data.train_batch_size`` oldest prompts whose
   samples all finished, and long samples go on in later steps (docs/rollout_service.md).
 
-Reported over the steps after the first (warm-up): generated response tokens per second of the whole
-system (every token generated, paused ones included, over the summed step wall time), the median step
-time, and the phase split: the engines' generation seconds (``timing_s/generate``, summed over a step's
-calls), the generation phase with its layout switches (``timing_s/generation``), the update and the
-log-prob pass, the rounds per step and the mean staleness. The ratio is partial over sync. The host's
-load (``os.getloadavg``) is printed before and after.
+Reported over two windows: the steps after the first (warm-up), and the steady steps, from step
+``tail_ratio + 2`` on, once the partial side trains long samples too (before, its steps train short
+samples only, so its updates are smaller). Per window: generated response tokens per second of the
+whole system (every token generated, paused ones included, over the summed step wall time), the median
+step time, and the phase split: the engines' generation seconds (``timing_s/generate``, summed over a
+step's calls), the generation phase with its layout switches (``timing_s/generation``), the update,
+the response tokens trained per step, the rounds per step and the mean staleness. The ratios are
+partial over sync. The host's load (``os.getloadavg``) is printed before and after.
 
-    RAY_AUTH_MODE=disabled python benchmarks/bench_partial_rollout.py [--steps 12] [--prompts 20] [--n 4]
-        [--long-tokens 128] [--tail-ratio 8] [--hidden 128] [--layers 4] [--slots 2]
+    RAY_AUTH_MODE=disabled python benchmarks/bench_partial_rollout.py [--steps 20] [--prompts 20] [--n 4]
+        [--long-tokens 128] [--tail-ratio 8] [--hidden 128] [--layers 4] [--slots 2] [--partial-first]
 """
 
 from __future__ import annotations
@@ -111,11 +114,7 @@ def _config(root: Path, args: argparse.Namespace, side: str) -> object:
     return load_config(None, overrides)
 
 
-def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, float]:
-    config = _config(root, args, side)
-    with start_ray(config), Runtime(config, worker_classes={"actor_rollout": LongTailEnd}) as runtime:
-        fit(runtime, rl_step)
-    log = read_jsonl(root / side / "metrics.jsonl")[1:]  # the first step warms up
+def _summary(log: list[dict[str, float]], args: argparse.Namespace) -> dict[str, float]:
     seconds = [r["timing_s/step"] for r in log]
 
     def mean(key: str) -> float:
@@ -127,9 +126,22 @@ def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, float]:
         "generate_s": mean("timing_s/generate"),
         "generation_s": mean("timing_s/generation"),
         "update_s": mean("timing_s/update"),
-        "log_prob_s": mean("timing_s/log_prob"),
+        "trained_tokens": mean("response_length/mean") * args.prompts * args.n,
         "rounds": mean("partial/rounds"),
         "staleness": mean("async/staleness_mean"),
+    }
+
+
+def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, dict[str, float]]:
+    """The side's summaries over the steps after the first (warm-up), and over the steady steps: from
+    step ``tail_ratio + 2`` on, when the partial side's first long samples (one round a step) train."""
+    config = _config(root, args, side)
+    with start_ray(config), Runtime(config, worker_classes={"actor_rollout": LongTailEnd}) as runtime:
+        fit(runtime, rl_step)
+    log = read_jsonl(root / side / "metrics.jsonl")
+    return {
+        f"steps 2..{args.steps}": _summary(log[1:], args),
+        f"steps {args.tail_ratio + 2}..{args.steps}": _summary(log[args.tail_ratio + 1 :], args),
     }
 
 
@@ -150,7 +162,7 @@ def _prompt_ids(root: Path, args: argparse.Namespace) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--long-tokens", type=int, default=128)
@@ -158,6 +170,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--partial-first", action="store_true", help="run the partial side first")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}")
     results = {}
@@ -168,24 +181,30 @@ def main() -> None:
         LongTailEnd.long_tokens = args.long_tokens
         LongTailEnd.short_tokens = args.long_tokens // args.tail_ratio
         LongTailEnd.prompt_len, LongTailEnd.long_id = _prompt_ids(root, args)
-        for side in ("sync colocated", "partial rollouts"):
+        sides = ("sync colocated", "partial rollouts")
+        for side in reversed(sides) if args.partial_first else sides:
             results[side] = _run(root, args, side)
             print(side, results[side], flush=True)
     print(f"load after: {os.getloadavg()}")
     print(
         f"model: hidden {args.hidden}, {args.layers} layers, fp32; {args.prompts} prompts x {args.n} samples per step, "
         f"10% of prompts with {args.long_tokens} response tokens, the rest {args.long_tokens // args.tail_ratio}; "
-        f"{args.slots} slots; steps 2..{args.steps}"
+        f"{args.slots} slots"
     )
-    keys = ("tokens_per_s", "step_s", "generate_s", "generation_s", "update_s", "log_prob_s", "rounds", "staleness")
-    header = ("side", "tokens/s", "step s", "generate s", "generation s", "update s", "log-prob s", "rounds", "staleness")
+    keys = ("tokens_per_s", "step_s", "generate_s", "generation_s", "update_s", "trained_tokens", "rounds", "staleness")
+    header = ("steps", "side", "tokens/s", "step s", "generate s", "generation s", "update s", "trained tokens", "rounds", "staleness")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for side, row in results.items():
-        print(f"| {side} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
-    ratio = results["partial rollouts"]["tokens_per_s"] / results["sync colocated"]["tokens_per_s"]
-    steps = results["sync colocated"]["step_s"] / results["partial rollouts"]["step_s"]
-    print(f"partial / sync colocated: {ratio:.2f}x generated tokens per second; median step {steps:.2f}x shorter")
+    for window in results["sync colocated"]:
+        for side in sides:
+            summaries = results[side]
+            print(f"| {window} | {side} | " + " | ".join(f"{summaries[window][k]:.2f}" for k in keys) + " |")
+    for window in results["sync colocated"]:
+        sync, partial = results["sync colocated"][window], results["partial rollouts"][window]
+        print(
+            f"{window}: partial / sync colocated: {partial['tokens_per_s'] / sync['tokens_per_s']:.2f}x generated "
+            f"tokens per second; median step {sync['step_s'] / partial['step_s']:.2f}x shorter"
+        )
 
 
 if __name__ == "__main__":
