@@ -193,9 +193,10 @@ def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6)
+def task_parser(description: str, steps: int) -> argparse.ArgumentParser:
+    """The command line of the long-tail task's benchmarks (this one and bench_partial_rollout.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--long-tokens", type=int, default=128)
@@ -203,6 +204,11 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=2)
+    return parser
+
+
+def main() -> None:
+    parser = task_parser(__doc__, steps=6)
     args = parser.parse_args()
     if args.slots < 2:
         parser.error("--slots must be at least 2: the split sides need a slot for the actor and one for the engine")

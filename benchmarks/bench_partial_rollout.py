@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_async_rollout import TAIL_EVERY, _write_task, task_overrides
+from bench_async_rollout import TAIL_EVERY, _write_task, task_overrides, task_parser
 
 from hybridflow.data import PromptDataset
 from hybridflow.metrics import read_jsonl
@@ -161,15 +161,7 @@ def _prompt_ids(root: Path, args: argparse.Namespace) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prompts", type=int, default=20)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--long-tokens", type=int, default=128)
-    parser.add_argument("--tail-ratio", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--slots", type=int, default=2)
+    parser = task_parser(__doc__, steps=20)
     parser.add_argument("--partial-first", action="store_true", help="run the partial side first")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}")
