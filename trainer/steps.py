@@ -219,7 +219,8 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     run starts them again (`trainer.rollout_queue.PromptStream`).
 
     Records ``partial/rounds``, ``partial/resumed_samples`` (continuations of a paused sample, over
-    the step's rounds), ``partial/paused_samples`` and ``partial/pending_prompts`` (left for later
+    the step's rounds), ``partial/due_samples`` (samples run to the end by the bound),
+    ``partial/paused_samples`` and ``partial/pending_prompts`` (left for later
     steps), the ``async/*`` staleness by token, and each round's ``rollout_metrics`` (their
     ``timing_s/generate*`` summed).
     """
@@ -250,7 +251,7 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         runtime.record(metrics)
         return out
 
-    rounds = resumed = generated = 0
+    rounds = resumed = generated = forced = 0
     with runtime.timer.phase("generation"):
         # At least one round: the prompts started last go on even when enough have finished before.
         while not rounds or pool.complete() < wanted:
@@ -263,6 +264,7 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
                     f"is running, fewer than data.train_batch_size={wanted}; generate was given "
                     f"{len(prompts)} prompts (a step must start a full batch of prompts)"
                 )
+            forced += len(due)
             for kind, (samples, budget) in enumerate(((due, None), (rest, settings.partial_round_tokens))):
                 if samples:
                     seed = None if sampling.seed is None else derived_seed(sampling.seed, rounds, kind)
@@ -287,6 +289,7 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
             **staleness_metrics(rows, version, settings.max_staleness, runtime.step_metrics),
             "partial/rounds": float(rounds),
             "partial/resumed_samples": float(resumed),
+            "partial/due_samples": float(forced),
             "partial/paused_samples": float(len(paused)),
             "partial/pending_prompts": float(len(pool)),
         }

@@ -2,7 +2,7 @@
 while prompts still have paused samples.
 
 One run: the target-character task of the trainer tests, the HF engine on 1 slot, fp32, 8 prompts a step,
-4 samples each, responses of at most 8 tokens generated in rounds of 3, ``max_staleness`` 2, 5 steps, a
+4 samples each, responses of at most 8 tokens generated in rounds of 3, ``max_staleness`` 1, 5 steps, a
 checkpoint every 2 steps. It stops after step 2, when prompts started in steps 1-2 still run; a new
 runtime resumes from that checkpoint for steps 3 to 5. The step function keeps each step's rollouts and
 the actor's weights before its update (those of version ``step - 1``).
@@ -33,7 +33,7 @@ from trainer.steps import sampling_params
 STEPS = 5
 BATCH = 8
 N = 4
-MAX_STALENESS = 2
+MAX_STALENESS = 1
 PARTIAL = [
     "actor.param_dtype=float32",
     "resource.slots_per_node=1",
@@ -148,7 +148,9 @@ def test_staleness_metrics_count_tokens_by_their_own_version(run):
         resumed += record["partial/resumed_samples"]
         assert record["partial/rounds"] >= 1
     assert resumed > 0
-    assert sum(record["async/tokens_staleness_1"] + record["async/tokens_staleness_2"] for record in log) > 0
+    assert sum(record["async/tokens_staleness_1"] for record in log) > 0
+    # A prompt started in the step before that has not finished runs to the end: the bound, exercised.
+    assert sum(record["partial/due_samples"] for record in log) > 0
 
 
 def test_each_token_was_sampled_by_the_weights_of_its_version(run):
