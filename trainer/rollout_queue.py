@@ -16,6 +16,11 @@ they were pushed. `trainer.steps.generate` drives it; this module holds the stat
 Admission is the bound: after collecting a step's batch, the queue holds at most ``k`` batches, each
 generated with a version no older than the trainer's version when it was admitted. Nothing is ever
 dropped, so long samples are trained exactly as often as short ones.
+
+With partial rollouts (``async_rollout.partial_round_tokens > 0``, colocated; `trainer.steps.generate_partial`)
+the queue's `PartialPool` holds the prompts started and not yet trained, with their samples in
+progress, and the stream holds their dataset indices (`PromptStream.hold`), so that a checkpoint lists
+them and a resumed run starts them again.
 """
 
 from __future__ import annotations
