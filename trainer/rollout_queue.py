@@ -17,10 +17,13 @@ Admission is the bound: after collecting a step's batch, the queue holds at most
 generated with a version no older than the trainer's version when it was admitted. Nothing is ever
 dropped, so long samples are trained exactly as often as short ones.
 
-With partial rollouts (``async_rollout.partial_round_tokens > 0``, colocated; `trainer.steps.generate_partial`)
+With partial rollouts (``async_rollout.partial_round_tokens > 0``; `trainer.steps.generate_partial`)
 the queue's `PartialPool` holds the prompts started and not yet trained, with their samples in
 progress, and the stream holds their dataset indices (`PromptStream.hold`), so that a checkpoint lists
-them and a resumed run starts them again.
+them and a resumed run starts them again. With the rollout on a pool of its own, the pool also holds
+the round left running while the trainer works (`PendingRound`): the samples it continues, the next
+step's prompts it started (taken through `PromptStream.peek`, so a checkpoint does not count them as
+handed out) and the Ray futures of its calls.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from hybridflow.contract import TOKEN_VERSIONS
 from hybridflow.controller import GroupFuture
 from hybridflow.data import PromptLoader
 from hybridflow.protocol import Batch
-from hybridflow.rollout.partial import PartialSample, start_samples
+from hybridflow.rollout.partial import PartialSample, RoundCall, start_samples
 from hybridflow.rollout.sampling import SamplingParams
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "InFlight",
     "PartialGroup",
     "PartialPool",
+    "PendingRound",
     "PromptStream",
     "RolloutQueue",
     "StalenessError",
@@ -104,6 +108,11 @@ class PromptStream:
             self._owed.extend(int(i) for i in self._pull()[0]["index"])
         indices = [self._owed.popleft() for _ in range(size)]
         return self.loader.collate([self.loader.dataset[i] for i in indices])
+
+    @property
+    def owes(self) -> bool:
+        """Whether a resumed run still owes held prompts (`next` hands them out before the loader's)."""
+        return bool(self._owed)
 
     def peek(self, index: int) -> Batch:
         """The batch that the ``index``-th next call of `next` (0: the very next) will return."""
@@ -168,11 +177,32 @@ class PartialGroup:
         return all(sample.finished for sample in self.samples)
 
 
+@dataclass
+class PendingRound:
+    """A partial-rollout round submitted to the rollout pool and not yet collected.
+
+    Attributes:
+        calls: each engine call of the round (`hybridflow.rollout.partial.RoundCall`) with the pool's
+            pending ``generate_sequences`` call for it.
+        version: the policy version the pool serves for the round (its tokens' version).
+        admitted: the prompt batch the round started, the stream's next (through `PromptStream.peek`),
+            which the next step must be handed; None when the round only continues samples.
+        cap: the samples' response cap (``max_new_tokens`` of the sampling they started with).
+    """
+
+    calls: list[tuple[RoundCall, GroupFuture]]
+    version: int
+    admitted: Batch | None
+    cap: int
+
+
 class PartialPool:
-    """The prompt groups started and not yet trained, oldest first."""
+    """The prompt groups started and not yet trained, oldest first, and the round left running on a
+    rollout pool of its own (``pending``; None when colocated or when none runs)."""
 
     def __init__(self) -> None:
         self.groups: list[PartialGroup] = []
+        self.pending: PendingRound | None = None
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -39,11 +39,11 @@ from hybridflow.parallel import TokenStatistic, resolve_token_statistics
 from hybridflow.protocol import Batch
 from hybridflow.rollout.concat import PROMPT_COLUMNS, concat_rollouts
 from hybridflow.rollout.config import RolloutConfig, ValSamplingConfig
-from hybridflow.rollout.partial import derived_seed, response_columns, run_round
+from hybridflow.rollout.partial import derived_seed, response_columns, round_calls, run_round, take_output
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.row_order import balanced_update_order
 from trainer.config import AlgorithmConfig
-from trainer.rollout_queue import InFlight, staleness_metrics
+from trainer.rollout_queue import InFlight, PartialPool, PendingRound, staleness_metrics
 from trainer.runtime import Runtime
 from trainer.weight_sync import push_weights
 from workers.objective import ActorLoss
@@ -202,61 +202,88 @@ def generate(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None =
 
 
 def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:
-    """Partial rollouts (``async_rollout.partial_round_tokens = R > 0``, colocated): start ``prompts``'
-    samples, then run generation rounds of at most ``R`` new tokens per sample
+    """Partial rollouts (``async_rollout.partial_round_tokens = R > 0``): start ``prompts``' samples,
+    then run generation rounds of at most ``R`` new tokens per sample
     (`hybridflow.rollout.partial.run_round`) until ``data.train_batch_size`` prompts have all their
     samples finished; returns those prompts' rows (the oldest first), as `generate` does, plus
     ``token_versions [rows, response_len]``.
 
-    The first step of a run (fresh or resumed: the pool is empty) also starts the stream's next batch,
-    so that prompts are left running while a step trains; every step runs at least one round. Samples
-    still running stay in ``runtime.rollouts_ahead.partial`` and go on in the next steps, on the
-    weights of those steps, their prefix fed back as prompt. Every token carries the policy version
-    (actor updates so far) of the step that sampled it. Bound: the samples of a prompt started
-    ``async_rollout.max_staleness`` steps ago get no round budget and run to the end in this step, so
-    no token trains more than that many versions stale (`staleness_metrics` checks it). The prompts
-    started and not yet trained are held in the prompt stream, so a checkpoint lists them and a resumed
-    run starts them again (`trainer.rollout_queue.PromptStream`).
+    Colocated, the first step of a run (fresh or resumed: the pool is empty) also starts the stream's
+    next batch, so that prompts are left running while a step trains; every step runs at least one
+    round. Samples still running stay in ``runtime.rollouts_ahead.partial`` and go on in the next steps,
+    on the weights of those steps, their prefix fed back as prompt. Every token carries the policy
+    version (actor updates so far) of the weights that sampled it. Bound: the samples of a prompt
+    started ``async_rollout.max_staleness`` versions ago get no round budget and run to the end in this
+    step, so no token trains more than that many versions stale (`staleness_metrics` checks it). The
+    prompts started and not yet trained are held in the prompt stream, so a checkpoint lists them and a
+    resumed run starts them again (`trainer.rollout_queue.PromptStream`).
 
-    Records ``partial/rounds``, ``partial/resumed_samples`` (continuations of a paused sample, over
-    the step's rounds), ``partial/due_samples`` (samples run to the end by the bound),
-    ``partial/paused_samples`` and ``partial/pending_prompts`` (left for later
-    steps), the ``async/*`` staleness by token, and each round's ``rollout_metrics`` (their
-    ``timing_s/generate*`` summed).
+    With the rollout on a pool of its own the rounds stream (`_collect_round`, `_submit_round`): a step
+    first collects the round the step before left running on the pool during its update, then pushes
+    the actor's weights, runs blocking rounds only while prompts are due or fewer than
+    ``train_batch_size`` are complete, and after taking its prompts submits one more round, over the
+    samples still running and the stream's next batch, without waiting for it. ``prompts`` must then be
+    that batch (the one `Runtime.next_prompts` hands out next). The first step of a run starts
+    ``min(2, max_staleness)`` batches, so that prompts started at one version never outnumber the steps
+    that may still train them.
+
+    Records ``partial/rounds`` (the collected round included), ``partial/resumed_samples``
+    (continuations of a paused sample, over those rounds), ``partial/due_samples`` (samples run to the
+    end by the bound), ``partial/paused_samples`` and ``partial/pending_prompts`` (left for later
+    steps), the ``async/*`` staleness by token, and each blocking round's ``rollout_metrics`` (their
+    ``timing_s/generate*`` summed); streaming, also ``async/trainer_wait_s`` and
+    ``async/pool_generate_s`` of the collected round.
     """
     settings = runtime.config.async_rollout
     # Prompts are held and resumed by dataset index: a step that builds its own prompts cannot pause them.
     require_columns(prompts, ("index",), "generate with async_rollout.partial_round_tokens > 0")
     sampling = sampling or sampling_params(runtime)
     pool = runtime.rollouts_ahead.partial
-    version = runtime.actor.policy_version()[0]
+    split = runtime.rollout is not runtime.actor
     wanted = runtime.config.data.train_batch_size
-    starting = [prompts]
-    if not len(pool):
+    pad = runtime.tokenizer.pad_token_id
+    admitted = pool.pending.admitted if pool.pending is not None else None
+    if admitted is not None and prompts is not admitted:
+        raise ValueError(
+            "async_rollout.partial_round_tokens with the rollout on a pool of its own: generate takes the "
+            "prompt batches in the order runtime.next_prompts hands them out, unchanged; this step passed a "
+            "batch the rollout pool was not given (the round left running started the stream's next batch)"
+        )
+    rounds = resumed = generated = 0
+    if pool.pending is not None:
+        resumed, generated = _collect_round(runtime, pool)
+        rounds = 1
+    version = sync_rollout(runtime) if split else runtime.actor.policy_version()[0]
+    starting = [] if admitted is not None else [prompts]
+    if admitted is not None:
+        runtime.prompts.hold(admitted)  # started by the round the step before left running
+    elif not len(pool) and (not split or settings.max_staleness > 1):
         # The first step of a run (or of a resumed one) starts a second batch too: the step trains the
         # first batch's prompts that finish and the second batch's, and from then on every step starts a
-        # batch and trains one, so that prompts are always left to go on while a step trains.
+        # batch and trains one, so that prompts are always left to go on while a step trains. Streaming,
+        # the step's own round starts one batch more at this version: a second here would leave more
+        # prompts of version 0 than the steps up to version max_staleness = 1 train.
         starting.append(runtime.next_prompts())
     for batch in starting:
         pool.start(batch, sampling.n, version)
         runtime.prompts.hold(batch)
-    pad = runtime.tokenizer.pad_token_id
     seconds: dict[str, float] = {}
 
     def engine_call(batch: Batch, call: SamplingParams) -> Batch:
-        out = runtime.actor.generate_sequences(_counted(runtime, batch), call)
+        out = runtime.rollout.generate_sequences(_counted(runtime, batch), call)
         metrics = out.meta.pop("rollout_metrics")
         for key in [k for k in metrics if k.startswith("timing_s/generate")]:
             seconds[key] = seconds.get(key, 0.0) + metrics.pop(key)
         runtime.record(metrics)
         return out
 
-    rounds = resumed = generated = forced = 0
+    forced = blocking = 0
     with runtime.timer.phase("generation"):
-        # At least one round: the prompts started last go on even when enough have finished before.
-        while not rounds or pool.complete() < wanted:
+        while True:
             due, rest = pool.unfinished(version, settings.max_staleness)
-            if not due and not rest and pool.complete() >= wanted:
+            # Colocated, at least one round: the prompts started last go on even when enough have
+            # finished before. Streaming, the round left running during the update did that.
+            if not due and pool.complete() >= wanted and (blocking or split or not rest):
                 break
             if not due and not rest:
                 raise ValueError(
@@ -267,12 +294,12 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
             forced += len(due)
             for kind, (samples, budget) in enumerate(((due, None), (rest, settings.partial_round_tokens))):
                 if samples:
-                    seed = None if sampling.seed is None else derived_seed(sampling.seed, rounds, kind)
+                    seed = None if sampling.seed is None else derived_seed(sampling.seed, blocking, kind)
                     call = replace(sampling, seed=seed)
                     report = run_round(engine_call, samples, call, budget, version, pad)
                     resumed += report.resumed
                     generated += report.generated_tokens
-            rounds += 1
+            blocking += 1
     groups = pool.take(wanted)
     runtime.prompts.release([group.index for group in groups])
     rows = concat_rollouts(
@@ -282,12 +309,14 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         ],
         pad,
     )
+    if split and runtime.step < runtime.total_steps:
+        _submit_round(runtime, pool, sampling, version)
     paused = [sample for group in pool.groups for sample in group.samples if sample.token_ids and not sample.finished]
     runtime.record(
         {
             **seconds,
             **staleness_metrics(rows, version, settings.max_staleness, runtime.step_metrics),
-            "partial/rounds": float(rounds),
+            "partial/rounds": float(rounds + blocking),
             "partial/resumed_samples": float(resumed),
             "partial/due_samples": float(forced),
             "partial/paused_samples": float(len(paused)),
@@ -296,6 +325,51 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     )
     _add(runtime, GENERATED_METRIC, float(generated))
     return rows | add_group_ids(rows, sampling.n) | decode_responses(rows, runtime.tokenizer)
+
+
+_STREAMED_ROUND = 2
+"""The key that seeds a round left running on the pool apart from the step's blocking rounds (0, 1)."""
+
+
+def _submit_round(runtime: Runtime, pool: PartialPool, sampling: SamplingParams, version: int) -> None:
+    """Start one round of ``async_rollout.partial_round_tokens`` on the rollout pool, without waiting:
+    over every unfinished sample of ``pool`` and the prompt stream's next batch, which it starts at
+    ``version`` (the one the pool serves) unless a resumed stream still owes held prompts (the next
+    step then starts its prompts itself). The batch is only peeked: a checkpoint written while the round
+    runs counts it as not handed out, so a resumed run starts it again."""
+    admitted = None if runtime.prompts.owes else runtime.prompts.peek(0)
+    if admitted is not None:
+        pool.start(admitted, sampling.n, version)
+    live = [sample for group in pool.groups for sample in group.samples if not sample.finished]
+    seed = None if sampling.seed is None else derived_seed(sampling.seed, 0, _STREAMED_ROUND)
+    budget = runtime.config.async_rollout.partial_round_tokens
+    calls = round_calls(live, replace(sampling, seed=seed), budget, runtime.tokenizer.pad_token_id)
+    submitted = [
+        (call, runtime.rollout.generate_sequences.submit(_counted(runtime, call.prompts), call.sampling))
+        for call in calls
+    ]
+    pool.pending = PendingRound(submitted, version, admitted, sampling.max_new_tokens)
+
+
+def _collect_round(runtime: Runtime, pool: PartialPool) -> tuple[int, int]:
+    """Wait for the round the step before left running (`_submit_round`) and add its tokens to their
+    samples, stamped with the version the pool served for it; returns the samples it resumed and the
+    tokens it generated. The wait is timed as the ``rollout_wait`` phase and recorded as
+    ``async/trainer_wait_s``, the pool's own seconds for the round as ``async/pool_generate_s``."""
+    pending = pool.pending
+    assert pending is not None
+    pool.pending = None
+    generated = 0
+    busy = 0.0
+    started = time.perf_counter()
+    with runtime.timer.phase("rollout_wait"):
+        for call, future in pending.calls:
+            out = future.get()
+            require_columns(out, _POOL_WRITES, "rollout.generate_sequences", produced=True)
+            busy += out.meta["rollout_metrics"]["timing_s/generate"]
+            generated += take_output(call.samples, out, pending.version, pending.cap)
+    runtime.record({"async/trainer_wait_s": time.perf_counter() - started, "async/pool_generate_s": busy})
+    return sum(call.resumed for call, _ in pending.calls), generated
 
 
 def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams | None = None) -> Batch:

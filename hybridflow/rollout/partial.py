@@ -35,12 +35,15 @@ from hybridflow.rollout.sampling import SamplingParams
 __all__ = [
     "Generate",
     "PartialSample",
+    "RoundCall",
     "RoundReport",
     "derived_seed",
     "prefix_batch",
     "response_columns",
+    "round_calls",
     "run_round",
     "start_samples",
+    "take_output",
 ]
 
 Generate = Callable[[Batch, SamplingParams], Batch]
@@ -115,6 +118,72 @@ def prefix_batch(samples: Sequence[PartialSample], pad_token_id: int) -> Batch:
     return left_padded_prompts([(*sample.prompt_ids, *sample.token_ids) for sample in samples], pad_token_id)
 
 
+@dataclass(frozen=True)
+class RoundCall:
+    """One engine call of a round: the samples of one budget, fed back as prompts.
+
+    Attributes:
+        samples: the unfinished samples the call continues (or starts), one row each.
+        prompts: their prefixes (`prefix_batch`), ``input_ids``/``attention_mask [len(samples), longest]``.
+        sampling: the call's sampling: ``n`` 1, ``max_new_tokens`` the budget, its own seed.
+        resumed: how many of ``samples`` continue a paused response (not their first round).
+    """
+
+    samples: list[PartialSample]
+    prompts: Batch
+    sampling: SamplingParams
+    resumed: int
+
+
+def round_calls(
+    samples: Sequence[PartialSample], sampling: SamplingParams, budget: int | None, pad_token_id: int
+) -> list[RoundCall]:
+    """The engine calls of one round over the unfinished ``samples`` (see `run_round`), smallest budget
+    first; none when every sample finished. A caller that must not wait (a round left running on a
+    rollout pool while the trainer works) submits each call and later hands each output to `take_output`."""
+    if budget is not None and budget < 1:
+        raise ValueError(f"a round's budget must be >= 1 token, got {budget}")
+    cap = sampling.max_new_tokens
+    by_budget: dict[int, list[PartialSample]] = {}
+    for sample in samples:
+        if not sample.finished:
+            room = cap - len(sample.token_ids)
+            by_budget.setdefault(room if budget is None else min(budget, room), []).append(sample)
+    calls = []
+    for own_budget, group in sorted(by_budget.items()):
+        # Calls of one round differ in seed: requests at the same position of two calls would share one.
+        seed = None if sampling.seed is None else derived_seed(sampling.seed, own_budget)
+        call = dataclasses.replace(sampling, n=1, max_new_tokens=own_budget, seed=seed)
+        resumed = sum(1 for sample in group if sample.token_ids)
+        calls.append(RoundCall(group, prefix_batch(group, pad_token_id), call, resumed))
+    return calls
+
+
+def take_output(samples: Sequence[PartialSample], out: Batch, version: int, cap: int) -> int:
+    """Append a call's output ``out`` (the contract of `RolloutEngine.generate`, one row per sample) to
+    ``samples``, each new token stamped with ``version``; a sample finishes on ``"stop"`` or at ``cap``
+    response tokens in all. Returns the tokens kept."""
+    rows = zip(
+        out["responses"].tolist(),
+        out["rollout_log_probs"].tolist(),
+        out["response_lengths"].tolist(),
+        out["finish_reason"],
+        strict=True,
+    )
+    kept = 0
+    for sample, (ids, log_probs, length, reason) in zip(samples, rows, strict=True):
+        sample.token_ids.extend(ids[:length])
+        sample.log_probs.extend(log_probs[:length])
+        sample.versions.extend([version] * length)
+        sample.rounds += 1
+        kept += length
+        if reason == "stop":
+            sample.finish_reason = "stop"
+        elif len(sample.token_ids) >= cap:
+            sample.finish_reason = "length"
+    return kept
+
+
 def run_round(
     generate: Generate,
     samples: Sequence[PartialSample],
@@ -136,43 +205,14 @@ def run_round(
         version: the policy version of the weights ``generate`` samples with.
         pad_token_id: pads the prefixes fed back.
     """
-    if budget is not None and budget < 1:
-        raise ValueError(f"a round's budget must be >= 1 token, got {budget}")
-    live = [sample for sample in samples if not sample.finished]
-    if not live:
-        return RoundReport([], [], 0, 0)
-    cap = sampling.max_new_tokens
-    by_budget: dict[int, list[PartialSample]] = {}
-    for sample in live:
-        room = cap - len(sample.token_ids)
-        by_budget.setdefault(room if budget is None else min(budget, room), []).append(sample)
-    resumed = sum(1 for sample in live if sample.token_ids)
+    calls = round_calls(samples, sampling, budget, pad_token_id)
     kept = 0
-    for own_budget, group in sorted(by_budget.items()):
-        # Calls of one round differ in seed: requests at the same position of two calls would share one.
-        seed = None if sampling.seed is None else derived_seed(sampling.seed, own_budget)
-        call = dataclasses.replace(sampling, n=1, max_new_tokens=own_budget, seed=seed)
-        out = generate(prefix_batch(group, pad_token_id), call)
-        rows = zip(
-            out["responses"].tolist(),
-            out["rollout_log_probs"].tolist(),
-            out["response_lengths"].tolist(),
-            out["finish_reason"],
-            strict=True,
-        )
-        for sample, (ids, log_probs, length, reason) in zip(group, rows, strict=True):
-            sample.token_ids.extend(ids[:length])
-            sample.log_probs.extend(log_probs[:length])
-            sample.versions.extend([version] * length)
-            sample.rounds += 1
-            kept += length
-            if reason == "stop":
-                sample.finish_reason = "stop"
-            elif len(sample.token_ids) >= cap:
-                sample.finish_reason = "length"
+    for call in calls:
+        kept += take_output(call.samples, generate(call.prompts, call.sampling), version, sampling.max_new_tokens)
+    live = [sample for call in calls for sample in call.samples]
     finished = [sample for sample in live if sample.finished]
     paused = [sample for sample in live if not sample.finished]
-    return RoundReport(finished, paused, resumed, kept)
+    return RoundReport(finished, paused, sum(call.resumed for call in calls), kept)
 
 
 def response_columns(samples: Sequence[PartialSample], width: int, pad_token_id: int) -> Batch:

@@ -172,22 +172,12 @@ def test_each_token_was_sampled_by_the_weights_of_its_version(run):
     assert continued > 0  # tokens sampled on newer weights than their row's first tokens
 
 
-def test_partial_rollouts_refuse_the_split_pool_and_staleness_0(tmp_path):
+def test_partial_rollouts_refuse_staleness_0(tmp_path):
     root = write_task(tmp_path)
     with pytest.raises(
         ConfigError, match=r"async_rollout\.partial_round_tokens: 3 pauses samples .*max_staleness >= 1"
     ):
         run_config(root, "hf", 1, ["async_rollout.partial_round_tokens=3"])
-    split = [
-        "async_rollout.partial_round_tokens=3",
-        "async_rollout.max_staleness=1",
-        "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}",
-        "resource.placement={rollout: rollout_pool}",
-    ]
-    with pytest.raises(
-        ConfigError, match=r"async_rollout\.partial_round_tokens: 3 runs partial rollouts.*colocated"
-    ):
-        run_config(root, "hf", 1, split)
 
 
 def test_samples_of_one_prompt_are_drawn_apart(run):

@@ -316,13 +316,6 @@ def _check_resources(config: RunConfig, problems: Problems) -> None:
             "agent",
         )
     partial = config.async_rollout.partial_round_tokens
-    if partial > 0 and resource.splits_rollout:
-        problems.add(
-            "async_rollout.partial_round_tokens",
-            f"{partial} runs partial rollouts, which run on the colocated engine only; leave "
-            "resource.placement.rollout on the actor's pool or set it to 0",
-            "resource.placement.rollout",
-        )
     if partial > 0 and config.async_rollout.max_staleness == 0:
         problems.add(
             "async_rollout.partial_round_tokens",

@@ -216,12 +216,12 @@ class AsyncRolloutConfig:
     trains on: at most that many prompt batches are admitted to the rollout pool ahead of the trainer's
     step. 0 is synchronous; 1 generates the next batch while this one trains (one-step-off-policy).
 
-    ``partial_round_tokens`` > 0 turns on partial rollouts (colocated engine only): generation runs in
-    rounds of at most that many new tokens per sample; a step trains the ``data.train_batch_size`` oldest
-    prompts whose samples have all finished, and samples still running pause and go on in later steps
-    on newer weights, each token keeping its own version (``token_versions``). ``max_staleness`` then
-    bounds every token: a prompt started ``max_staleness`` steps ago runs its samples to the end in that
-    step. 0 is off.
+    ``partial_round_tokens`` > 0 turns on partial rollouts (colocated, or streamed on a rollout pool of
+    its own): generation runs in rounds of at most that many new tokens per sample; a step trains the
+    ``data.train_batch_size`` oldest prompts whose samples have all finished, and samples still running
+    pause and go on in later steps on newer weights, each token keeping its own version
+    (``token_versions``). ``max_staleness`` then bounds every token: a prompt started ``max_staleness``
+    versions ago runs its samples to the end in that step. 0 is off.
     """
 
     max_staleness: int = config_field(0, ge=0)

@@ -1,0 +1,174 @@
+"""Partial rollouts streamed on a rollout pool of its own: the round left running while the actor
+updates, stopped and resumed with that round in flight.
+
+One run: the settings of test_partial_trainer.py (8 prompts a step, 4 samples each, responses of at most
+8 tokens in rounds of 3, ``max_staleness`` 1, a checkpoint every 2 steps) with the HF engine on a pool of
+1 slot and the actor on 1 slot, 4 steps. It stops after step 2, while the round step 2 submitted runs on
+the pool, and a new runtime resumes from that checkpoint for steps 3 and 4. The step function keeps each
+step's rollouts and the actor's weights before its update (those of version ``step - 1``).
+
+By hand, with batches B1..B4 of the data order: step 1 (version 0) starts B1 only (at ``max_staleness``
+1 a second batch of version 0 could not all train in step 2), runs rounds until B1 finished, trains it
+and submits one round of 3 tokens over B2 on version 0, which runs during step 1's update. Step 2
+(version 1) collects it, pushes version 1, runs B2 to the end (started a version ago, so due) and trains
+it: each row's first 3 tokens are version 0, the rest version 1. It submits B3's first round on version
+1; the checkpoint of step 2 does not count B3 as handed out (it was only peeked) and holds no prompt, so
+the resumed step 3 starts B3 again from scratch on version 2 (all its tokens version 2), submits B4's
+first round on version 2, and step 4 trains B4 with tokens 0-2 of version 2 and the rest of version 3.
+The last step submits nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.metrics import read_jsonl
+from hybridflow.models import load_causal_lm
+from hybridflow.protocol import Batch
+from hybridflow.rollout.logprobs import response_log_probs
+from tests.rollout_service.test_partial_trainer import BATCH, PARTIAL, N, _data_order, _trained
+from tests.trainer._runs import run_config, write_task
+from trainer.algorithms import rl_step
+from trainer.config import ConfigError
+from trainer.fit import StopAt, fit
+from trainer.runtime import Runtime
+from trainer.steps import sampling_params
+
+STEPS = 4
+ROUND = 3
+SPLIT = ["resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}", "resource.placement={rollout: rollout_pool}"]
+OVERLAPPED = {2: 0, 4: 2}
+"""Per step, the version of the tokens its rows got from the round left running during the step before."""
+
+
+def expected_versions(step: int, mask: torch.Tensor) -> torch.Tensor:
+    """``token_versions`` the schedule implies for step ``step``'s rows (module docstring)."""
+    versions = torch.full(mask.shape, step - 1, dtype=torch.long)
+    if step in OVERLAPPED:
+        versions[:, :ROUND] = OVERLAPPED[step]
+    return versions * mask
+
+
+@pytest.fixture(scope="module")
+def run(ray_cluster, tmp_path_factory):
+    root = write_task(tmp_path_factory.mktemp("partial_pool"))
+    config = run_config(root, "hf", STEPS, [*PARTIAL, *SPLIT, f"trainer.output_dir={root / 'run'}"])
+    rollouts: list[Batch] = []
+    weights: list[dict[str, torch.Tensor]] = []
+
+    def step(runtime: Runtime, batch: Batch) -> Batch:
+        weights.append(runtime.actor.gather_full_state()[0])  # version runtime.step - 1
+        rollouts.append(rl_step(runtime, batch))
+        return rollouts[-1]
+
+    with Runtime(config) as runtime:
+        fit(runtime, step, stop=StopAt(steps=2))
+        pool = runtime.rollouts_ahead.partial
+        in_flight = pool.pending
+        assert in_flight is not None and in_flight.admitted is runtime.prompts.peek(0)
+        stopped = {
+            "admitted": [int(i) for i in in_flight.admitted["index"]],
+            "version": in_flight.version,
+            "groups": [group.index for group in pool.groups],
+            "saved": runtime.prompts.state_dict(),
+            # The round in flight finishes on the pool; nothing collects it, and closing the runtime
+            # stops the pool with its output unread.
+            "round_rows": sum(len(future.get()) for _, future in in_flight.calls),
+        }
+    with Runtime(config) as runtime:
+        fit(runtime, step)
+        after = {"pending": runtime.rollouts_ahead.partial.pending, "left": len(runtime.rollouts_ahead.partial)}
+        model_dir, data = runtime.model_dir, runtime.train_data
+        pad_id = runtime.tokenizer.pad_token_id
+        sampling = sampling_params(runtime)
+    return {
+        "config": config,
+        "model_dir": model_dir,
+        "data": data,
+        "pad_id": pad_id,
+        "rollouts": rollouts,
+        "weights": weights,
+        "stopped": stopped,
+        "after": after,
+        "sampling": sampling,
+        "log": read_jsonl(root / "run" / "metrics.jsonl"),
+    }
+
+
+def test_token_versions_follow_the_schedule_and_the_bound_is_reached(run):
+    overlapped = 0
+    for step, rollouts in enumerate(run["rollouts"], start=1):
+        mask = rollouts["response_mask"]
+        assert torch.equal(rollouts["token_versions"], expected_versions(step, mask)), step
+        if step in OVERLAPPED:
+            own = mask.bool() & (rollouts["token_versions"] == OVERLAPPED[step])
+            overlapped += int(own.sum())
+            assert int(own.sum()) == int(mask[:, :ROUND].sum())
+    # The pool generated during the updates: tokens of the rounds left running are trained.
+    assert overlapped > 0
+    log = run["log"]
+    assert [record["step"] for record in log] == list(range(1, STEPS + 1))
+    assert [record["async/staleness_max"] for record in log] == [0.0, 1.0, 0.0, 1.0]
+    for step, (record, rollouts) in enumerate(zip(log, run["rollouts"], strict=True), start=1):
+        mask = rollouts["response_mask"]
+        stale = float(mask[:, :ROUND].sum()) if step in OVERLAPPED else 0.0
+        assert record["async/tokens_staleness_1"] == stale
+        assert record["async/tokens_staleness_0"] == float(mask.sum()) - stale
+        if step in OVERLAPPED:
+            # Collected from the pool (the wait may be 0), every sample continued, the prompts due.
+            assert record["async/trainer_wait_s"] >= 0 and record["async/pool_generate_s"] > 0
+            assert record["partial/due_samples"] > 0
+            assert record["partial/resumed_samples"] >= record["partial/due_samples"]
+        else:
+            assert "async/trainer_wait_s" not in record
+        # After each step but the last, the next batch is started on the pool and nothing else is left.
+        assert record["partial/pending_prompts"] == (BATCH if step < STEPS else 0)
+
+
+def test_every_prompt_trains_once_and_the_resume_restarts_the_round_in_flight(run):
+    order = _data_order(run, STEPS * BATCH)
+    batches = [order[i * BATCH : (i + 1) * BATCH] for i in range(STEPS)]
+    assert [_trained(r) for r in run["rollouts"]] == batches
+    stopped = run["stopped"]
+    # In flight at the stop: step 3's batch, on version 1, the pool's only prompts, not counted by the
+    # checkpoint as handed out (its data position is before that batch) and not held.
+    assert stopped["admitted"] == batches[2] and stopped["groups"] == batches[2]
+    assert stopped["version"] == 1
+    assert "owed_indices" not in stopped["saved"]
+    assert stopped["round_rows"] == BATCH * N
+    assert run["after"] == {"pending": None, "left": 0}
+
+
+def test_each_token_was_sampled_by_the_weights_of_its_version(run):
+    model = load_causal_lm(run["model_dir"])
+    for rollouts in run["rollouts"]:
+        versions = rollouts["token_versions"]
+        mask = rollouts["response_mask"].bool()
+        for version in sorted(set(versions[mask].tolist())):
+            model.load_state_dict(run["weights"][version])
+            with torch.no_grad():
+                recomputed = response_log_probs(model, rollouts, run["sampling"])
+            own = mask & (versions == version)
+            gap = (recomputed - rollouts["rollout_log_probs"]).abs()[own]
+            assert float(gap.max()) < 1e-4, (version, float(gap.max()))
+    # The weights do tell the versions apart: the newest weights miss the overlapped round's tokens.
+    last = run["rollouts"][-1]
+    model.load_state_dict(run["weights"][STEPS - 1])
+    with torch.no_grad():
+        newest = response_log_probs(model, last, run["sampling"])
+    first = last["response_mask"].bool() & (last["token_versions"] == OVERLAPPED[STEPS])
+    assert float((newest - last["rollout_log_probs"]).abs()[first].max()) > 1e-3
+
+
+def test_the_split_pool_takes_partial_rollouts_and_staleness_0_is_still_refused(tmp_path):
+    root = write_task(tmp_path)
+    stream = ["async_rollout.partial_round_tokens=3", "async_rollout.max_staleness=1", *SPLIT]
+    config = run_config(root, "hf", 1, stream)
+    assert config.resource.splits_rollout and config.async_rollout.partial_round_tokens == 3
+    with pytest.raises(ConfigError) as refused:
+        run_config(root, "hf", 1, [*stream, "async_rollout.max_staleness=0"])
+    assert any(
+        "async_rollout.partial_round_tokens: 3 pauses samples" in problem and "async_rollout.max_staleness" in problem
+        for problem in refused.value.problems
+    ), refused.value.problems
