@@ -16,6 +16,10 @@ it: each row's first 3 tokens are version 0, the rest version 1. It submits B3's
 the resumed step 3 starts B3 again from scratch on version 2 (all its tokens version 2), submits B4's
 first round on version 2, and step 4 trains B4 with tokens 0-2 of version 2 and the rest of version 3.
 The last step submits nothing.
+
+A second run, at ``max_staleness`` 2 without a stop, starts two batches in step 1 and leaves prompts
+running across steps: every prompt started is trained once or still pending (by id), and every token
+stays within 2 versions, its row's versions non-decreasing.
 """
 
 from __future__ import annotations
@@ -172,3 +176,56 @@ def test_the_split_pool_takes_partial_rollouts_and_staleness_0_is_still_refused(
         "async_rollout.partial_round_tokens: 3 pauses samples" in problem and "async_rollout.max_staleness" in problem
         for problem in refused.value.problems
     ), refused.value.problems
+
+
+WIDER = 2
+"""``max_staleness`` of the second run: the first step starts two batches, prompts left over go on."""
+
+
+@pytest.fixture(scope="module")
+def wider(ray_cluster, tmp_path_factory):
+    root = write_task(tmp_path_factory.mktemp("partial_pool_wider"))
+    overrides = [*PARTIAL, *SPLIT, f"async_rollout.max_staleness={WIDER}", "trainer.save_every=0"]
+    config = run_config(root, "hf", STEPS, [*overrides, f"trainer.output_dir={root / 'run'}"])
+    rollouts: list[Batch] = []
+    submitted: list[int] = []
+
+    def step(runtime: Runtime, batch: Batch) -> Batch:
+        rollouts.append(rl_step(runtime, batch))
+        # The samples of the round the step left running on the pool during its update.
+        pending = runtime.rollouts_ahead.partial.pending
+        submitted.append(0 if pending is None else sum(len(call.samples) for call, _ in pending.calls))
+        return rollouts[-1]
+
+    with Runtime(config) as runtime:
+        fit(runtime, step)
+        pending = [group.index for group in runtime.rollouts_ahead.partial.groups]
+        data, pad_id = runtime.train_data, runtime.tokenizer.pad_token_id
+    return {
+        "config": config,
+        "data": data,
+        "pad_id": pad_id,
+        "rollouts": rollouts,
+        "pending": pending,
+        "submitted": submitted,
+    }
+
+
+def test_a_wider_bound_trains_every_prompt_started_once_within_it(wider):
+    # Started: two batches in step 1, one by the round each of steps 1-3 left running (step 4 is the last).
+    started = _data_order(wider, (STEPS + 1) * BATCH)
+    trained = [i for rollouts in wider["rollouts"] for i in _trained(rollouts)]
+    assert len(trained) == STEPS * BATCH and len(set(trained)) == len(trained)
+    assert sorted(trained + wider["pending"]) == sorted(started)
+    # Each step but the last left a round running on the pool: at least the next batch's N x BATCH samples.
+    assert all(count >= BATCH * N for count in wider["submitted"][:-1]) and wider["submitted"][-1] == 0
+    stale = 0
+    for step, rollouts in enumerate(wider["rollouts"], start=1):
+        mask = rollouts["response_mask"].bool()
+        versions = rollouts["token_versions"]
+        assert int(versions[mask].max()) <= step - 1 and int(versions[mask].min()) >= step - 1 - WIDER
+        for row in range(len(rollouts)):
+            row_versions = versions[row][mask[row]].tolist()
+            assert row_versions == sorted(row_versions)
+        stale += int((mask & (versions < step - 1)).sum())
+    assert stale > 0
