@@ -7,7 +7,9 @@ GRPO settings), one after the other, each in a process of its own, on the same 2
 - **one-step-off**: the engine on a rollout pool of its own (one rank of one thread) and the actor on
   another (one rank of one thread), with ``async_rollout.max_staleness: 1``: the pool samples step
   ``t + 1`` while the actor trains on step ``t``. ``resharding.max_log_prob_gap`` is off, as the config
-  requires with generation ahead (the gap would measure the update in between).
+  requires with generation ahead (the gap would measure the update in between);
+- **one-step-off + TIS**: the same with the rollout correction (``actor.rollout_correction: token``),
+  which docs/rollout_service.md recommends whenever ``max_staleness > 0``.
 
 For each side it prints the first validation at or above the target (step, seconds of training, wall
 seconds since the command started), the final accuracy, generated tokens and the largest staleness, then
@@ -42,6 +44,7 @@ SIDES = {
         "resharding.max_log_prob_gap=null",
     ],
 }
+SIDES["one-step-off + TIS"] = [*SIDES["one-step-off"], "actor.rollout_correction=token"]
 
 
 def run_side(name: str, overrides: list[str], seed: int, steps: int, output: Path) -> dict[str, float | None]:
@@ -74,7 +77,10 @@ def summary(result: dict, target: float) -> dict[str, float | None]:
             reached = {"step": record["step"], "training_s": seconds, "wall_s": record.get("time/since_start_s")}
             break
     validated = [record for record in records if ACCURACY in record]
+    step_seconds = sorted(record["timing_s/step"] for record in records if "timing_s/step" in record)
     return {
+        "curve": [(record["step"], record[ACCURACY]) for record in validated],
+        "median_step_s": step_seconds[len(step_seconds) // 2],
         "step": None if reached is None else reached["step"],
         "training_s": None if reached is None else reached["training_s"],
         "wall_s": None if reached is None else reached["wall_s"],
@@ -102,22 +108,25 @@ def main() -> None:
                 side = run_side(name, overrides, seed, args.steps, Path(folder) / f"{seed}_{name.split()[0]}")
                 rows.append((seed, name, summary(side, args.target)))
     print(
-        f"\n{'seed':>4} {'side':<15} {'steps':>5} {'gen tokens':>10} {'step@' + format(args.target, '.0%'):>8} "
-        f"{'train s':>8} {'wall s':>7} {'final':>6} {'max stale':>9}"
+        f"\n{'seed':>4} {'side':<19} {'steps':>5} {'gen tokens':>10} {'median step s':>13} "
+        f"{'step@' + format(args.target, '.0%'):>8} {'train s':>8} {'wall s':>7} {'final':>6} {'max stale':>9}"
     )
     for seed, name, row in rows:
         print(
-            f"{seed:>4} {name:<15} {row['steps']:>5} {row['generated_tokens']:>10.0f} {_fmt(row['step'], 'd'):>8} "
-            f"{_fmt(row['training_s'], '.0f'):>8} {_fmt(row['wall_s'], '.0f'):>7} {row['final']:>6.1%} "
-            f"{row['staleness_max']:>9.0f}"
+            f"{seed:>4} {name:<19} {row['steps']:>5} {row['generated_tokens']:>10.0f} {row['median_step_s']:>13.3f} "
+            f"{_fmt(row['step'], 'd'):>8} {_fmt(row['training_s'], '.0f'):>8} {_fmt(row['wall_s'], '.0f'):>7} "
+            f"{row['final']:>6.1%} {row['staleness_max']:>9.0f}"
         )
+    for seed, name, row in rows:
+        print(f"seed {seed} {name}: held-out accuracy by step " + " ".join(f"{s}:{a:.1%}" for s, a in row["curve"]))
     for seed in args.seeds:
-        sync, ahead = (row for s, _, row in rows if s == seed)
-        for key in ("training_s", "wall_s"):
-            if sync[key] and ahead[key]:
-                print(f"seed {seed}: one-step-off / sync time to {args.target:.0%} ({key}): {ahead[key] / sync[key]:.2f}")
-            else:
-                print(f"seed {seed}: one side did not reach {args.target:.0%} ({key})")
+        sync, *others = (row for s, _, row in rows if s == seed)
+        for name, ahead in zip(list(SIDES)[1:], others, strict=True):
+            for key in ("training_s", "wall_s"):
+                if sync[key] and ahead[key]:
+                    print(f"seed {seed}: {name} / sync time to {args.target:.0%} ({key}): {ahead[key] / sync[key]:.2f}")
+                else:
+                    print(f"seed {seed}: {name} or sync did not reach {args.target:.0%} ({key})")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 from hybridflow.data import write_rows
 from trainer.config import ConfigError, derive_sizes, derive_values, load_config
 from trainer.roles import build_pools, role_specs
+from trainer.runtime import uncorrected_staleness
 from workers.rollout import RolloutWorker
 
 POOL = "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 3}}"
@@ -79,3 +80,14 @@ def test_split_checks_name_their_keys(base):
     assert "resource.pools.rollout_pool.custom_resources.rollout_node: must be a positive amount" in text
     assert "resource.placement.rollout: multi-turn episodes (agent) run only on the colocated engine" in text
     assert "rollout.tp_size: 2 does not divide the world size 3 of the rollout pool" in text
+
+
+def test_stale_rows_without_the_rollout_correction_are_warned_of(base):
+    split = [*base, POOL, "resource.placement={rollout: rollout_pool}", "resharding.max_log_prob_gap=null"]
+    assert uncorrected_staleness(load_config(None, split)) is None  # synchronous: nothing stale
+    ahead = [*split, "async_rollout.max_staleness=2"]
+    notice = uncorrected_staleness(load_config(None, ahead))
+    assert notice is not None
+    assert "async_rollout.max_staleness=2" in notice and "actor.rollout_correction=token" in notice
+    for correction in ("token", "sequence"):
+        assert uncorrected_staleness(load_config(None, [*ahead, f"actor.rollout_correction={correction}"])) is None
