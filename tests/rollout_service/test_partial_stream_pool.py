@@ -31,13 +31,20 @@ from hybridflow.metrics import read_jsonl
 from hybridflow.models import load_causal_lm
 from hybridflow.protocol import Batch
 from hybridflow.rollout.logprobs import response_log_probs
-from tests.rollout_service.test_partial_trainer import BATCH, PARTIAL, N, _data_order, _trained
+from tests.rollout_service.test_partial_trainer import (
+    BATCH,
+    PARTIAL,
+    N,
+    _data_order,
+    _trained,
+    run_facts,
+    sampled_by_their_versions,
+)
 from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
 from trainer.config import ConfigError
 from trainer.fit import StopAt, fit
 from trainer.runtime import Runtime
-from trainer.steps import sampling_params
 
 STEPS = 4
 ROUND = 3
@@ -83,19 +90,14 @@ def run(ray_cluster, tmp_path_factory):
     with Runtime(config) as runtime:
         fit(runtime, step)
         after = {"pending": runtime.rollouts_ahead.partial.pending, "left": len(runtime.rollouts_ahead.partial)}
-        model_dir, data = runtime.model_dir, runtime.train_data
-        pad_id = runtime.tokenizer.pad_token_id
-        sampling = sampling_params(runtime)
+        facts = run_facts(runtime)
     return {
+        **facts,
         "config": config,
-        "model_dir": model_dir,
-        "data": data,
-        "pad_id": pad_id,
         "rollouts": rollouts,
         "weights": weights,
         "stopped": stopped,
         "after": after,
-        "sampling": sampling,
         "log": read_jsonl(root / "run" / "metrics.jsonl"),
     }
 
@@ -145,18 +147,10 @@ def test_every_prompt_trains_once_and_the_resume_restarts_the_round_in_flight(ru
 
 
 def test_each_token_was_sampled_by_the_weights_of_its_version(run):
-    model = load_causal_lm(run["model_dir"])
-    for rollouts in run["rollouts"]:
-        versions = rollouts["token_versions"]
-        mask = rollouts["response_mask"].bool()
-        for version in sorted(set(versions[mask].tolist())):
-            model.load_state_dict(run["weights"][version])
-            with torch.no_grad():
-                recomputed = response_log_probs(model, rollouts, run["sampling"])
-            own = mask & (versions == version)
-            gap = (recomputed - rollouts["rollout_log_probs"]).abs()[own]
-            assert float(gap.max()) < 1e-4, (version, float(gap.max()))
+    # Rows of steps 2 and 4 continue on version step - 1 what the overlapped round sampled on step - 2.
+    assert sampled_by_their_versions(run) > 0
     # The weights do tell the versions apart: the newest weights miss the overlapped round's tokens.
+    model = load_causal_lm(run["model_dir"])
     last = run["rollouts"][-1]
     model.load_state_dict(run["weights"][STEPS - 1])
     with torch.no_grad():

@@ -68,20 +68,25 @@ def run(ray_cluster, tmp_path_factory):
     with Runtime(config) as runtime:
         fit(runtime, step)
         held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
-        model_dir, data = runtime.model_dir, runtime.train_data
-        pad_id = runtime.tokenizer.pad_token_id
-        sampling = sampling_params(runtime)
+        facts = run_facts(runtime)
     return {
+        **facts,
         "config": config,
-        "model_dir": model_dir,
-        "data": data,
-        "pad_id": pad_id,
         "rollouts": rollouts,
         "weights": weights,
         "held": held,
         "saved": saved,
-        "sampling": sampling,
         "log": read_jsonl(root / "run" / "metrics.jsonl"),
+    }
+
+
+def run_facts(runtime: Runtime) -> dict[str, object]:
+    """What the checks need of a finished run: its model folder, training data, pad id and sampling."""
+    return {
+        "model_dir": runtime.model_dir,
+        "data": runtime.train_data,
+        "pad_id": runtime.tokenizer.pad_token_id,
+        "sampling": sampling_params(runtime),
     }
 
 
@@ -156,6 +161,13 @@ def test_staleness_metrics_count_tokens_by_their_own_version(run):
 def test_each_token_was_sampled_by_the_weights_of_its_version(run):
     """The engine's log-prob of each token is that of the weights of the token's version, recomputed with
     the whole prefix as context (a prefix fed back continues the sample it paused)."""
+    assert sampled_by_their_versions(run) > 0  # tokens sampled on newer weights than their row's first tokens
+
+
+def sampled_by_their_versions(run) -> int:
+    """Check that each trained token's engine log-prob is that of the weights of its version (``run``'s
+    ``weights[v]``, recomputed with the whole prefix as context); returns how many tokens were sampled
+    on newer weights than their row's first tokens."""
     model = load_causal_lm(run["model_dir"])
     continued = 0
     for rollouts in run["rollouts"]:
@@ -169,7 +181,7 @@ def test_each_token_was_sampled_by_the_weights_of_its_version(run):
             gap = (recomputed - rollouts["rollout_log_probs"]).abs()[own]
             assert float(gap.max()) < 1e-4, (version, float(gap.max()))
             continued += int((own & (versions > versions[:, :1])).sum())
-    assert continued > 0  # tokens sampled on newer weights than their row's first tokens
+    return continued
 
 
 def test_partial_rollouts_refuse_staleness_0(tmp_path):
