@@ -18,19 +18,24 @@ swaps the order, to tell an order effect from the host's load):
 - **partial rollouts**: ``async_rollout.partial_round_tokens`` = the short answer's length and
   ``max_staleness`` = ``--tail-ratio`` (a long sample needs that many rounds, at least one a step, so it
   is never forced to finish early): a step trains the ``data.train_batch_size`` oldest prompts whose
-  samples all finished, and long samples go on in later steps (docs/rollout_service.md).
+  samples all finished, and long samples go on in later steps (docs/rollout_service.md);
+- **partial on the rollout pool** (with ``--pool``): the same partial rollouts with the actor on
+  ``--slots - 1`` slots and the engine on a rollout pool of 1 slot, streaming: each step leaves one
+  round running on the pool while the actor updates (docs/rollout_service.md, "Streaming on the
+  rollout pool"), so the engine and the actor together use the same ``--slots`` cores.
 
 Reported over two windows: the steps after the first (warm-up), and the steady steps, from step
 ``tail_ratio + 2`` on, once the partial side trains long samples too (before, its steps train short
 samples only, so its updates are smaller). Per window: generated response tokens per second of the
 whole system (every token generated, paused ones included, over the summed step wall time), the median
 step time, and the phase split: the engines' generation seconds (``timing_s/generate``, summed over a
-step's calls), the generation phase with its layout switches (``timing_s/generation``), the update,
+step's blocking calls; the pool's round during the update is not in it, but is the ``pool round``
+column, ``async/pool_generate_s``, next to the trainer's wait for it, ``async/trainer_wait_s``), the generation phase with its layout switches (``timing_s/generation``), the update,
 the response tokens trained per step, the rounds per step and the mean staleness. The ratios are
-partial over sync. The host's load (``os.getloadavg``) is printed before and after.
+each partial side over sync. The host's load (``os.getloadavg``) is printed before and after.
 
     RAY_AUTH_MODE=disabled python benchmarks/bench_partial_rollout.py [--steps 20] [--prompts 20] [--n 4]
-        [--long-tokens 128] [--tail-ratio 8] [--hidden 128] [--layers 4] [--slots 2] [--partial-first]
+        [--long-tokens 128] [--tail-ratio 8] [--hidden 128] [--layers 4] [--slots 2] [--partial-first] [--pool]
 """
 
 from __future__ import annotations
@@ -62,15 +67,18 @@ from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
 from workers.actor import ActorRolloutRefWorker
+from workers.rollout import RolloutWorker
 
 RESPONSE_COLUMNS = ("responses", "response_mask", "rollout_log_probs")
+SYNC_SIDE = "sync colocated"
+POOL_SIDE = "partial on the rollout pool"
 
 
-class LongTailEnd(ActorRolloutRefWorker):
-    """The shipped actor, whose engine ends each answer at its prompt's length: ``long_tokens`` response
+class EndsAtPromptLength:
+    """A worker mixin whose engine ends each answer at its prompt's length: ``long_tokens`` response
     tokens for a prompt holding the id ``long_id`` among its first ``prompt_len`` ids, ``short_tokens``
-    for the others (class attributes set by `main` before the workers start; the class travels to them
-    with its attributes). A row's response so far is what its input holds past ``prompt_len`` ids (every
+    for the others (class attributes set by `main` before the workers start; the classes travel to them
+    with their attributes). A row's response so far is what its input holds past ``prompt_len`` ids (every
     prompt of the task has that length), so a prefix fed back by a partial round is counted."""
 
     long_tokens = 128
@@ -102,10 +110,26 @@ class LongTailEnd(ActorRolloutRefWorker):
         return Batch.concat(parts).reorder(np.argsort(order))
 
 
+class LongTailEnd(EndsAtPromptLength, ActorRolloutRefWorker):
+    """The shipped actor, its colocated engine ending answers as `EndsAtPromptLength` says."""
+
+
+class LongTailEndRollout(EndsAtPromptLength, RolloutWorker):
+    """The shipped rollout worker (a pool of its own), its engine ending answers as `LongTailEnd`'s."""
+
+
 def _config(root: Path, args: argparse.Namespace, side: str) -> object:
     short = args.long_tokens // args.tail_ratio
-    overrides = [*task_overrides(root, args, side), f"resource.slots_per_node={args.slots}"]
-    if side == "partial rollouts":
+    overrides = task_overrides(root, args, side)
+    if side == POOL_SIDE:
+        overrides += [
+            f"resource.slots_per_node={args.slots - 1}",
+            "resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}",
+            "resource.placement={rollout: rollout_pool}",
+        ]
+    else:
+        overrides.append(f"resource.slots_per_node={args.slots}")
+    if side != SYNC_SIDE:
         overrides += [
             f"async_rollout.partial_round_tokens={short}",
             f"async_rollout.max_staleness={args.tail_ratio}",
@@ -129,6 +153,8 @@ def _summary(log: list[dict[str, float]], args: argparse.Namespace) -> dict[str,
         "trained_tokens": mean("response_length/mean") * args.prompts * args.n,
         "rounds": mean("partial/rounds"),
         "staleness": mean("async/staleness_mean"),
+        "pool_s": mean("async/pool_generate_s"),
+        "wait_s": mean("async/trainer_wait_s"),
     }
 
 
@@ -136,7 +162,8 @@ def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, dict[str,
     """The side's summaries over the steps after the first (warm-up), and over the steady steps: from
     step ``tail_ratio + 2`` on, when the partial side's first long samples (one round a step) train."""
     config = _config(root, args, side)
-    with start_ray(config), Runtime(config, worker_classes={"actor_rollout": LongTailEnd}) as runtime:
+    classes = {"actor_rollout": LongTailEnd, **({"rollout": LongTailEndRollout} if side == POOL_SIDE else {})}
+    with start_ray(config), Runtime(config, worker_classes=classes) as runtime:
         fit(runtime, rl_step)
     log = read_jsonl(root / side / "metrics.jsonl")
     return {
@@ -148,7 +175,7 @@ def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, dict[str,
 def _prompt_ids(root: Path, args: argparse.Namespace) -> tuple[int, int]:
     """The task's prompt length in ids and the id that marks a long prompt (the digit 0: prompt i reads
     ``f"{i % 10}..."`` and every 10th is long), through the trainer's own tokenizer and dataset."""
-    config = _config(root, args, "sync colocated")
+    config = _config(root, args, SYNC_SIDE)
     tokenizer = load_tokenizer(config, prepare_model_dir(config, root / "model_probe"))
     data = PromptDataset([str(root / "train.parquet")], tokenizer, config.data.max_prompt_length)
     ids = [list(data[i]["input_ids"]) for i in range(len(data))]
@@ -162,7 +189,10 @@ def _prompt_ids(root: Path, args: argparse.Namespace) -> tuple[int, int]:
 
 def main() -> None:
     parser = task_parser(__doc__, steps=20)
-    parser.add_argument("--partial-first", action="store_true", help="run the partial side first")
+    parser.add_argument("--partial-first", action="store_true", help="run the partial sides first")
+    parser.add_argument(
+        "--pool", action="store_true", help="add the side with partial rollouts streamed on a rollout pool of its own"
+    )
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}")
     results = {}
@@ -170,11 +200,11 @@ def main() -> None:
         root = Path(folder)
         # Enough prompts for the partial side's extra batch at the start.
         _write_task(root, args.prompts * (args.steps + 1))
-        LongTailEnd.long_tokens = args.long_tokens
-        LongTailEnd.short_tokens = args.long_tokens // args.tail_ratio
-        LongTailEnd.prompt_len, LongTailEnd.long_id = _prompt_ids(root, args)
-        sides = ("sync colocated", "partial rollouts")
-        for side in reversed(sides) if args.partial_first else sides:
+        EndsAtPromptLength.long_tokens = args.long_tokens
+        EndsAtPromptLength.short_tokens = args.long_tokens // args.tail_ratio
+        EndsAtPromptLength.prompt_len, EndsAtPromptLength.long_id = _prompt_ids(root, args)
+        sides = (SYNC_SIDE, "partial rollouts", *((POOL_SIDE,) if args.pool else ()))
+        for side in (*sides[1:], sides[0]) if args.partial_first else sides:
             results[side] = _run(root, args, side)
             print(side, results[side], flush=True)
     print(f"load after: {os.getloadavg()}")
@@ -183,20 +213,28 @@ def main() -> None:
         f"10% of prompts with {args.long_tokens} response tokens, the rest {args.long_tokens // args.tail_ratio}; "
         f"{args.slots} slots"
     )
-    keys = ("tokens_per_s", "step_s", "generate_s", "generation_s", "update_s", "trained_tokens", "rounds", "staleness")
-    header = ("steps", "side", "tokens/s", "step s", "generate s", "generation s", "update s", "trained tokens", "rounds", "staleness")
+    keys = (
+        "tokens_per_s", "step_s", "generate_s", "generation_s", "update_s", "trained_tokens", "rounds", "staleness",
+        "pool_s", "wait_s",
+    )
+    header = (
+        "steps", "side", "tokens/s", "step s", "generate s", "generation s", "update s", "trained tokens", "rounds",
+        "staleness", "pool round s", "wait s",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for window in results["sync colocated"]:
+    for window in results[SYNC_SIDE]:
         for side in sides:
             summaries = results[side]
             print(f"| {window} | {side} | " + " | ".join(f"{summaries[window][k]:.2f}" for k in keys) + " |")
-    for window in results["sync colocated"]:
-        sync, partial = results["sync colocated"][window], results["partial rollouts"][window]
-        print(
-            f"{window}: partial / sync colocated: {partial['tokens_per_s'] / sync['tokens_per_s']:.2f}x generated "
-            f"tokens per second; median step {sync['step_s'] / partial['step_s']:.2f}x shorter"
-        )
+    for window in results[SYNC_SIDE]:
+        sync = results[SYNC_SIDE][window]
+        for side in sides[1:]:
+            partial = results[side][window]
+            print(
+                f"{window}: {side} / sync colocated: {partial['tokens_per_s'] / sync['tokens_per_s']:.2f}x generated "
+                f"tokens per second; median step {sync['step_s'] / partial['step_s']:.2f}x shorter"
+            )
 
 
 if __name__ == "__main__":
