@@ -37,6 +37,7 @@ from tests.rollout_service.test_partial_trainer import (
     N,
     _data_order,
     _trained,
+    recording_step,
     run_facts,
     sampled_by_their_versions,
 )
@@ -67,12 +68,7 @@ def run(ray_cluster, tmp_path_factory):
     config = run_config(root, "hf", STEPS, [*PARTIAL, *SPLIT, f"trainer.output_dir={root / 'run'}"])
     rollouts: list[Batch] = []
     weights: list[dict[str, torch.Tensor]] = []
-
-    def step(runtime: Runtime, batch: Batch) -> Batch:
-        weights.append(runtime.actor.gather_full_state()[0])  # version runtime.step - 1
-        rollouts.append(rl_step(runtime, batch))
-        return rollouts[-1]
-
+    step = recording_step(rollouts, weights)
     with Runtime(config) as runtime:
         fit(runtime, step, stop=StopAt(steps=2))
         pool = runtime.rollouts_ahead.partial

@@ -15,6 +15,8 @@ from where the checkpoint left it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -55,12 +57,7 @@ def run(ray_cluster, tmp_path_factory):
     rollouts: list[Batch] = []
     weights: list[dict[str, torch.Tensor]] = []
     held: list[list[int]] = []
-
-    def step(runtime: Runtime, batch: Batch) -> Batch:
-        weights.append(runtime.actor.gather_full_state()[0])  # version runtime.step - 1
-        rollouts.append(rl_step(runtime, batch))
-        return rollouts[-1]
-
+    step = recording_step(rollouts, weights)
     with Runtime(config) as runtime:
         fit(runtime, step, stop=StopAt(steps=2))
         held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
@@ -78,6 +75,20 @@ def run(ray_cluster, tmp_path_factory):
         "saved": saved,
         "log": read_jsonl(root / "run" / "metrics.jsonl"),
     }
+
+
+def recording_step(
+    rollouts: list[Batch], weights: list[dict[str, torch.Tensor]]
+) -> Callable[[Runtime, Batch], Batch]:
+    """`rl_step`, keeping each step's rollouts and the actor's weights before its update (those of
+    version ``runtime.step - 1``)."""
+
+    def step(runtime: Runtime, batch: Batch) -> Batch:
+        weights.append(runtime.actor.gather_full_state()[0])
+        rollouts.append(rl_step(runtime, batch))
+        return rollouts[-1]
+
+    return step
 
 
 def run_facts(runtime: Runtime) -> dict[str, object]:
