@@ -104,8 +104,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_demo_async_") as folder:
         for seed in args.seeds:
-            for name, overrides in SIDES.items():
-                side = run_side(name, overrides, seed, args.steps, Path(folder) / f"{seed}_{name.split()[0]}")
+            for index, (name, overrides) in enumerate(SIDES.items()):
+                side = run_side(name, overrides, seed, args.steps, Path(folder) / f"seed{seed}_side{index}")
                 rows.append((seed, name, summary(side, args.target)))
     print(
         f"\n{'seed':>4} {'side':<19} {'steps':>5} {'gen tokens':>10} {'median step s':>13} "

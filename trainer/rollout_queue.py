@@ -259,7 +259,8 @@ class RolloutQueue:
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
         self._in_flight: deque[InFlight] = deque()
-        # With partial rollouts (colocated): the prompt groups whose samples are still generating.
+        # With partial rollouts: the prompt groups whose samples are still generating (and, on a rollout
+        # pool of its own, the round left running).
         self.partial = PartialPool()
 
     def __len__(self) -> int:
