@@ -47,8 +47,9 @@ def uncorrected_staleness(config: RunConfig) -> str | None:
 
     With ``async_rollout.max_staleness > 0`` rows are sampled by older weights, and with
     ``actor.rollout_correction: none`` the update takes them as the current policy's samples. On the demo
-    task (seed 0) that cost 10.6 points of held-out accuracy at step 170 (76.6% against 87.2% with
-    ``token``; docs/benchmarks.md, "Time to 80% on the demo: one-step-off against sync").
+    task at one-step-off that left held-out accuracy at 76.6% and 84.0% at step 170 (seeds 0 and 1)
+    against 87.2% and 87.0% with ``token`` (docs/benchmarks.md, "Time to 80% on the demo: one-step-off
+    against sync").
     """
     if config.async_rollout.max_staleness == 0 or config.actor.rollout_correction != "none":
         return None
@@ -56,7 +57,8 @@ def uncorrected_staleness(config: RunConfig) -> str | None:
         f"async_rollout.max_staleness={config.async_rollout.max_staleness} trains rows sampled by older "
         "weights, and actor.rollout_correction=none takes them as the current policy's: set "
         "actor.rollout_correction=token (docs/rollout_service.md, 'Off-policy tokens and the rollout "
-        "correction'); on the demo task (seed 0) one-step-off reached 76.6% at step 170 without it, 87.2% with it"
+        "correction'); on the demo task one-step-off reached 76.6% and 84.0% at step 170 without it (seeds 0 and 1), "
+        "87.2% and 87.0% with it"
     )
 
 class Runtime:
