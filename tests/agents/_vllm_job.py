@@ -10,7 +10,6 @@ from hybridflow.agents import AgentConfig, TextCodec, episodes_to_batch, make_en
 from hybridflow.models import load_causal_lm
 from hybridflow.rollout import (
     EngineDerived,
-    RolloutConfig,
     SamplingParams,
     build_rollout_engine,
     response_log_probs,
@@ -23,13 +22,7 @@ PROMPTS = ("12+7=", "3*(4-1)=", "a", "ab+cd*9=")
 
 
 def episode_checks(rank: int, world_size: int, model_dir: Path) -> dict[str, Any]:
-    config = RolloutConfig(
-        engine="vllm",
-        kv_cache_bytes=64 << 20,
-        max_num_seqs=32,
-        enforce_eager=True,
-        cache_dir=str(_tiny.CACHE_DIR),
-    )
+    config = _tiny.vllm_config()
     engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=128))
     tokenizer = _tiny.tokenizer()
     rollout = run_episodes(

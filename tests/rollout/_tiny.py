@@ -10,11 +10,20 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
+from hybridflow.rollout.config import RolloutConfig
 
 ALPHABET = "0123456789+-*=()abcdefghij"
 PROMPT_TEXTS = ("12+7=", "3*(4-1)=", "a", "ab+cd*9=")
 # Where vLLM and TorchInductor keep compile caches across test runs (git-ignored).
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache"
+
+
+def vllm_config() -> RolloutConfig:
+    """A vLLM engine for the tiny model: a 64 MiB KV cache, up to 32 sequences, eager, caches in
+    `CACHE_DIR`."""
+    return RolloutConfig(
+        engine="vllm", kv_cache_bytes=64 << 20, max_num_seqs=32, enforce_eager=True, cache_dir=str(CACHE_DIR)
+    )
 
 
 def tokenizer() -> PreTrainedTokenizerFast:

@@ -15,7 +15,6 @@ from hybridflow.parallel.launch import run_ranks
 from hybridflow.rollout import (
     EngineDerived,
     HFRolloutEngine,
-    RolloutConfig,
     SamplingParams,
     build_rollout_engine,
 )
@@ -112,13 +111,7 @@ def _check_staggered(result: dict[str, Any]) -> None:
 
 
 def _vllm_rounds(rank: int, world_size: int, model_dir: Path, budget_then_update: bool) -> dict[str, Any]:
-    config = RolloutConfig(
-        engine="vllm",
-        kv_cache_bytes=64 << 20,
-        max_num_seqs=32,
-        enforce_eager=True,
-        cache_dir=str(_tiny.CACHE_DIR),
-    )
+    config = _tiny.vllm_config()
     # As tight as the trainer sizes it (prompt + cap): a round's call must fit each of its prefixes.
     longest = int(_tiny.prompts()["attention_mask"].sum(-1).max())
     engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=longest + CAP))

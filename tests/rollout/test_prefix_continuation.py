@@ -17,7 +17,6 @@ from hybridflow.models import load_causal_lm
 from hybridflow.parallel.launch import run_ranks
 from hybridflow.rollout import (
     EngineDerived,
-    RolloutConfig,
     SamplingParams,
     build_rollout_engine,
     response_log_probs,
@@ -33,13 +32,7 @@ RATIOS = (0.2, 0.5, 0.8)  # each row's prefix: this share of its greedy sample's
 
 
 def _continuation_checks(rank: int, world_size: int, model_dir: Path) -> dict[str, Any]:
-    config = RolloutConfig(
-        engine="vllm",
-        kv_cache_bytes=64 << 20,
-        max_num_seqs=32,
-        enforce_eager=True,
-        cache_dir=str(_tiny.CACHE_DIR),
-    )
+    config = _tiny.vllm_config()
     engine = build_rollout_engine(config, model_dir, EngineDerived(max_model_len=128))
     prompts = _tiny.prompts()
     pad = _tiny.tokenizer().pad_token_id
