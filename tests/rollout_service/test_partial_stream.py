@@ -5,35 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.data import PromptDataset, PromptLoader, write_rows
-from hybridflow.data.char_tokenizer import build_char_tokenizer
-from hybridflow.protocol import Batch
+from hybridflow.data import PromptLoader
+from tests.rollout_service._toy_prompts import ids, toy_loader
 from trainer.rollout_queue import OWED_KEY, PartialPool, PromptStream
 
 
 @pytest.fixture
 def loader(tmp_path) -> PromptLoader:
-    rows = [
-        {"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}="}], "reward_model": {"ground_truth": "1"}}
-        for i in range(12)
-    ]
-    write_rows(rows, tmp_path / "rows.jsonl")
-    dataset = PromptDataset(tmp_path / "rows.jsonl", build_char_tokenizer(), max_prompt_length=8)
-    return PromptLoader(dataset, batch_size=3, pad_token_id=0, seed=5)
-
-
-def _ids(batch: Batch) -> list[int]:
-    return [int(i) for i in batch["index"]]
+    return toy_loader(tmp_path, 12)
 
 
 def test_held_prompts_come_back_first_after_a_resume_and_batches_keep_their_size(loader):
-    order = [i for batch in PromptLoader(loader.dataset, 3, 0, seed=5) for i in _ids(batch)]
+    order = [i for batch in PromptLoader(loader.dataset, 3, 0, seed=5) for i in ids(batch)]
     stream = PromptStream(loader)
     first, second = stream.next(), stream.next()
-    assert _ids(first) + _ids(second) == order[:6]
+    assert ids(first) + ids(second) == order[:6]
     stream.hold(first)
     stream.hold(second)
-    stream.release([_ids(first)[1], *_ids(second)[:2]])  # trained: 4 of the 6; held: order[0], order[2], order[5]
+    stream.release([ids(first)[1], *ids(second)[:2]])  # trained: 4 of the 6; held: order[0], order[2], order[5]
     held = [order[0], order[2], order[5]]
     state = stream.state_dict()
     assert state[OWED_KEY] == held
@@ -41,22 +30,22 @@ def test_held_prompts_come_back_first_after_a_resume_and_batches_keep_their_size
 
     resumed = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
     resumed.load_state_dict(state)
-    assert _ids(resumed.next()) == held  # exactly one batch's worth: no top-up needed
-    assert _ids(resumed.next()) == order[6:9]  # then the data order where the checkpoint left it
+    assert ids(resumed.next()) == held  # exactly one batch's worth: no top-up needed
+    assert ids(resumed.next()) == order[6:9]  # then the data order where the checkpoint left it
     # Held prompts are listed while untrained, and none twice.
     again = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
     again.load_state_dict({**state, OWED_KEY: held[:2]})
     topped = again.next()
-    assert _ids(topped) == [*held[:2], order[6]]  # 2 owed, topped up from the loader's next batch
+    assert ids(topped) == [*held[:2], order[6]]  # 2 owed, topped up from the loader's next batch
     assert again.state_dict()[OWED_KEY] == order[7:9]  # the rest of that batch is owed, not lost
-    assert _ids(again.next()) == [*order[7:9], order[9]]
+    assert ids(again.next()) == [*order[7:9], order[9]]
 
 
 def test_without_held_prompts_the_state_is_the_loaders(loader):
     stream = PromptStream(loader)
     batch = stream.next()
     stream.hold(batch)
-    stream.release(_ids(batch))
+    stream.release(ids(batch))
     assert stream.state_dict() == loader.state_dict()
 
 
@@ -79,11 +68,11 @@ def test_a_prompt_handed_out_again_while_held_is_held_twice(loader):
     """An epoch ends while prompts of it still run: the next epoch hands them out again, and each start
     is held, listed in a checkpoint and released on its own."""
     stream = PromptStream(loader)
-    first_epoch = [i for _ in range(4) for i in _ids(stream.next())]  # 12 prompts, batches of 3
+    first_epoch = [i for _ in range(4) for i in ids(stream.next())]  # 12 prompts, batches of 3
     second_epoch = stream.next()
     stream.hold(loader.collate([loader.dataset[i] for i in first_epoch]))
     stream.hold(second_epoch)
-    again = _ids(second_epoch)
+    again = ids(second_epoch)
     assert sorted(stream.state_dict()[OWED_KEY]) == sorted(first_epoch + again)  # 15: 3 prompts twice
     stream.release(first_epoch)
     assert sorted(stream.state_dict()[OWED_KEY]) == sorted(again)

@@ -6,37 +6,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.data import PromptDataset, PromptLoader, write_rows
-from hybridflow.data.char_tokenizer import build_char_tokenizer
+from hybridflow.data import PromptLoader, write_rows
 from hybridflow.protocol import Batch
+from tests.rollout_service._toy_prompts import ids, toy_loader
 from trainer.config import ConfigError, load_config
 from trainer.rollout_queue import PromptStream, StalenessError, staleness_metrics
 
 
 @pytest.fixture
 def loader(tmp_path) -> PromptLoader:
-    rows = [
-        {"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}="}], "reward_model": {"ground_truth": "1"}}
-        for i in range(10)
-    ]
-    write_rows(rows, tmp_path / "rows.jsonl")
-    dataset = PromptDataset(tmp_path / "rows.jsonl", build_char_tokenizer(), max_prompt_length=8)
-    return PromptLoader(dataset, batch_size=3, pad_token_id=0, seed=5)
-
-
-def _ids(batch: Batch) -> list[int]:
-    return list(batch["index"])
+    return toy_loader(tmp_path, 10)
 
 
 def test_peeking_takes_nothing_from_the_data_order(loader):
     reference = PromptLoader(loader.dataset, 3, 0, seed=5)
-    order = [_ids(b) for b in reference] + [_ids(b) for b in reference]  # two epochs of 3 batches
+    order = [ids(b) for b in reference] + [ids(b) for b in reference]  # two epochs of 3 batches
     stream = PromptStream(loader)
     first = stream.next()
     ahead = [stream.peek(0), stream.peek(1), stream.peek(3)]  # across the epoch's end
     assert stream.next() is ahead[0] and stream.next() is ahead[1]
     taken = [first, ahead[0], ahead[1], stream.next(), stream.next(), stream.next()]
-    assert [_ids(b) for b in taken] == order
+    assert [ids(b) for b in taken] == order
     assert taken[4] is ahead[2]
 
 
@@ -52,8 +42,8 @@ def test_the_data_position_leaves_out_batches_only_peeked(loader):
     resumed = PromptLoader(loader.dataset, 3, 0, seed=5)
     resumed.load_state_dict(position)
     again = PromptStream(resumed)
-    assert _ids(again.next()) == _ids(stream.next())
-    assert _ids(again.next()) == _ids(stream.next())
+    assert ids(again.next()) == ids(stream.next())
+    assert ids(again.next()) == ids(stream.next())
 
 
 def _rows(versions: list[int], lengths: list[int]) -> Batch:
