@@ -31,5 +31,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Two pytest workers, each with its own Ray cluster, a whole file to one worker (its module fixtures, such as
+# a shared trainer, are built once). Run alone the suite leaves the 2 cores about 40% idle while tests wait
+# for worker processes and engines to start; two workers fill that (docs/benchmarks.md, "Test suite").
 test: lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile tests
