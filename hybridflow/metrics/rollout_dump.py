@@ -2,7 +2,10 @@
 
 One line per row, in the step's row order: ``index`` (the prompt's row in the data, the ``index``
 column of `hybridflow.data.PromptDataset`), ``response_length`` (tokens) and, where the step's rows hold
-them, ``policy_version`` (the weights that sampled it), ``score`` and ``response_text``. A file is
+them, ``policy_version`` (the weights that sampled it), ``score`` and ``response_text``. Rows of partial
+rollouts, whose tokens can come from several policy versions (their ``token_versions`` column), also get
+``token_versions``: ``[oldest, newest]`` version among the row's response tokens (``[]`` for an empty
+response). A file is
 written whole or not at all (a temporary file, then a rename), so a run killed mid-write leaves the
 previous state. `RolloutDump.rewind` removes the files of the steps a resumed run trains again, so the
 folder always describes the run whose weights survive: each step once.
@@ -15,6 +18,9 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
+from hybridflow.contract import TOKEN_VERSIONS
 from hybridflow.protocol import Batch
 
 __all__ = ["ROLLOUT_DUMP_DIR", "RolloutDump", "read_rollout_dump"]
@@ -42,6 +48,8 @@ class RolloutDump:
         required); returns the file."""
         lengths = rollouts["response_mask"].sum(-1).tolist()
         optional = {key: list(rollouts[column]) for key, column in _OPTIONAL if column in rollouts}
+        if TOKEN_VERSIONS in rollouts:
+            optional["token_versions"] = _version_ranges(rollouts[TOKEN_VERSIONS], rollouts["response_mask"])
         lines = [
             json.dumps(
                 {
@@ -76,6 +84,15 @@ def read_rollout_dump(folder: str | Path) -> dict[int, list[dict]]:
         if (match := _STEP_FILE.fullmatch(path.name)) is not None:
             steps[int(match.group(1))] = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     return dict(sorted(steps.items()))
+
+
+def _version_ranges(versions: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """``[oldest, newest]`` of each row's response-token versions (``versions``, ``mask``: ``[rows,
+    response_len]``), ``[]`` where the row has no response token."""
+    return [
+        [int(row[keep].min()), int(row[keep].max())] if bool(keep.any()) else []
+        for row, keep in zip(versions, mask.bool(), strict=True)
+    ]
 
 
 def _plain(value: object) -> object:

@@ -32,6 +32,14 @@ def test_each_row_is_a_line_with_its_prompt_index_length_and_version(tmp_path):
     ]
 
 
+def test_partial_rows_carry_the_range_of_their_token_versions(tmp_path):
+    # Row 0 was paused after 2 tokens of version 3 and finished on version 4; row 1 is all version 4;
+    # row 2 has no response token. Versions past a row's mask (padding) must not count.
+    batch = rollouts([5, 5, 9], [3, 1, 0]) | Batch({"token_versions": torch.tensor([[3, 3, 4, 9], [4, 0, 0, 0], [0, 0, 0, 0]])})
+    path = RolloutDump(tmp_path).write(1, batch)
+    assert [json.loads(line)["token_versions"] for line in path.read_text().splitlines()] == [[3, 4], [4, 4], []]
+
+
 def test_rewind_removes_the_steps_a_resumed_run_trains_again(tmp_path):
     dump = RolloutDump(tmp_path)
     for step in (1, 2, 3):
