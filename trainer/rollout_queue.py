@@ -19,18 +19,22 @@ dropped, so long samples are trained exactly as often as short ones.
 
 With partial rollouts (``async_rollout.partial_round_tokens > 0``; `trainer.steps.generate_partial`)
 the queue's `PartialPool` holds the prompts started and not yet trained, with their samples in
-progress, and the stream holds their dataset indices (`PromptStream.hold`), so that a checkpoint lists
-them and a resumed run starts them again. With the rollout on a pool of its own, the pool also holds
-the round left running while the trainer works (`PendingRound`): the samples it continues, the next
-step's prompts it started (taken through `PromptStream.peek`, so a checkpoint does not count them as
-handed out) and the Ray futures of its calls.
+progress, and the stream holds their dataset indices (`PromptStream.hold`). A checkpoint keeps both:
+the stream lists the held prompts, the pool's `PartialPool.state_dict` (a file of its own in the
+checkpoint folder, `PARTIAL_FILE`) every held group's samples so far; a resumed run puts the groups back
+into the pool, holds them again and continues their samples where they paused, and starts from scratch
+only the held prompts the pool file does not hold. With the rollout on a pool of its own, the pool also
+holds the round left running while the trainer works (`PendingRound`): the samples it continues, the
+next step's prompts it started (taken through `PromptStream.peek`, so a checkpoint does not count them
+as handed out, and the pool's state leaves them out) and the Ray futures of its calls; a checkpoint
+loses that round's tokens, and the resumed run generates them again.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +43,14 @@ import torch
 from hybridflow.contract import TOKEN_VERSIONS
 from hybridflow.controller import GroupFuture
 from hybridflow.data import PromptLoader
+from hybridflow.data.collate import PromptCollator
 from hybridflow.protocol import Batch
 from hybridflow.rollout.partial import PartialSample, RoundCall, start_samples
 from hybridflow.rollout.sampling import SamplingParams
 
 __all__ = [
     "OWED_KEY",
+    "PARTIAL_FILE",
     "InFlight",
     "PartialGroup",
     "PartialPool",
@@ -58,6 +64,9 @@ __all__ = [
 OWED_KEY = "owed_indices"
 """The key of `PromptStream.state_dict` that lists the prompts handed out and not yet trained."""
 
+PARTIAL_FILE = "partial_rollouts.pt"
+"""The file of a checkpoint folder that holds `PartialPool.state_dict` (partial rollouts only)."""
+
 
 class StalenessError(RuntimeError):
     """Rows older than ``async_rollout.max_staleness`` versions reached the trainer."""
@@ -68,9 +77,10 @@ class PromptStream:
 
     With partial rollouts a prompt handed out can outlive its step (its samples pause and go on in later
     steps); the step `hold`s the prompts it starts and `release`s those it trains. A checkpoint lists
-    the held prompts by dataset index (``index``) next to the loader's position, and a resumed stream
-    hands them out again first (`load_state_dict`), in batches of the loader's size topped up from the
-    loader: none is lost, none is trained twice, and every step still starts ``batch_size`` prompts.
+    the held prompts by dataset index (``index``) next to the loader's position. A resumed stream holds
+    again those whose samples the checkpoint kept (`PartialPool.load_state_dict`) and hands the others
+    out again first (`load_state_dict`), in batches of the loader's size topped up from the loader:
+    none is lost, none is trained twice, and every step still starts ``batch_size`` prompts.
 
     Args:
         loader: the run's prompt loader (its position is the data position of checkpoints).
@@ -146,13 +156,32 @@ class PromptStream:
             state[OWED_KEY] = [*self._held.elements(), *self._owed]
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a `state_dict`: the loader's position, and the prompts owed from before."""
+    def load_state_dict(self, state: dict[str, Any], kept: Sequence[int] = ()) -> None:
+        """Resume from a `state_dict`: the loader's position, and the prompts owed from before.
+
+        Args:
+            state: a `state_dict`.
+            kept: dataset indices of held prompts whose samples the checkpoint kept (the groups
+                `PartialPool.load_state_dict` restored): they are held again, not owed, so they are not
+                started a second time; the rest of `OWED_KEY` is owed, in its order.
+        """
         self.loader.load_state_dict({key: value for key, value in state.items() if key != OWED_KEY})
         self._batches = self._endless()
         self._ahead.clear()
-        self._held.clear()
-        self._owed = deque(int(i) for i in state.get(OWED_KEY, ()))
+        self._held = Counter(int(i) for i in kept)
+        unmatched = Counter(self._held)
+        owed: deque[int] = deque()
+        for index in (int(i) for i in state.get(OWED_KEY, ())):
+            if unmatched[index]:
+                unmatched[index] -= 1
+            else:
+                owed.append(index)
+        if +unmatched:
+            raise ValueError(
+                f"PromptStream.load_state_dict: prompts {sorted(unmatched.elements())} are kept by the "
+                f"partial-rollout pool but not listed under {OWED_KEY!r} of the checkpoint's data position"
+            )
+        self._owed = owed
 
 
 @dataclass
@@ -233,6 +262,68 @@ class PartialPool:
         chosen = {id(group) for group in taken}
         self.groups = [group for group in self.groups if id(group) not in chosen]
         return taken
+
+    def held_groups(self) -> list[PartialGroup]:
+        """The groups whose prompts the stream holds: all but those the round left running started
+        (``pending.admitted``, only peeked; `PartialPool.start` appended them last)."""
+        admitted = self.pending.admitted if self.pending is not None else None
+        return self.groups[: len(self.groups) - len(admitted)] if admitted is not None else list(self.groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The held groups (`held_groups`, oldest first) as plain data for a checkpoint: each group's
+        dataset ``index``, ``version``, prompt ``width`` (the left-padded width of the batch it was
+        handed out in) and ``samples``, each with ``group`` (its row in that batch), ``token_ids``
+        (int64 ``[tokens so far]``), ``log_probs`` (float64 ``[tokens so far]``, nats),
+        ``versions`` (int64 ``[tokens so far]``), ``finish_reason`` and ``rounds``.
+
+        The round left running on a rollout pool is not saved: its samples are saved as they were
+        before it, and the prompts it started are not held (the stream hands them out again)."""
+        return {
+            "groups": [
+                {
+                    "index": group.index,
+                    "version": group.version,
+                    "width": int(group.prompt["input_ids"].shape[1]),
+                    "samples": [
+                        {
+                            "group": sample.group,
+                            "token_ids": torch.tensor(sample.token_ids, dtype=torch.int64),
+                            "log_probs": torch.tensor(sample.log_probs, dtype=torch.float64),
+                            "versions": torch.tensor(sample.versions, dtype=torch.int64),
+                            "finish_reason": sample.finish_reason,
+                            "rounds": sample.rounds,
+                        }
+                        for sample in group.samples
+                    ],
+                }
+                for group in self.held_groups()
+            ]
+        }
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], dataset: Sequence[Mapping[str, Any]], pad_token_id: int
+    ) -> None:
+        """Put back the groups of a `state_dict`, replacing the pool's, with no round pending. Each
+        prompt row is rebuilt from ``dataset[index]`` (a `hybridflow.data.PromptDataset`), left-padded with
+        ``pad_token_id`` to its saved width, so it is the row the group was started with."""
+        self.pending = None
+        self.groups = []
+        for saved in state["groups"]:
+            prompt = PromptCollator(pad_token_id, pad_to=saved["width"])([dataset[saved["index"]]])
+            prompt_ids = tuple(prompt["input_ids"][0][prompt["attention_mask"][0].bool()].tolist())
+            samples = [
+                PartialSample(
+                    group=sample["group"],
+                    prompt_ids=prompt_ids,
+                    token_ids=sample["token_ids"].tolist(),
+                    log_probs=sample["log_probs"].tolist(),
+                    versions=sample["versions"].tolist(),
+                    finish_reason=sample["finish_reason"],
+                    rounds=sample["rounds"],
+                )
+                for sample in saved["samples"]
+            ]
+            self.groups.append(PartialGroup(prompt, int(saved["index"]), int(saved["version"]), samples))
 
 
 @dataclass

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+import torch
+
 from hybridflow.algos import build_kl_controller
 from hybridflow.checkpoint import Checkpoint, CheckpointStore, training_state_bytes
 from hybridflow.controller import RayWorkerGroup, Worker
@@ -31,7 +33,7 @@ from hybridflow.rewards import RewardManager
 from trainer.config import RunConfig, config_to_dict, derive_sizes
 from trainer.model_setup import load_tokenizer, prepare_model_dir
 from trainer.roles import build_pools, load_worker_groups, start_worker_groups
-from trainer.rollout_queue import PromptStream, RolloutQueue
+from trainer.rollout_queue import PARTIAL_FILE, PromptStream, RolloutQueue
 from trainer.run_folder import RunStart, open_run
 from trainer.weight_sync import connect_weight_group
 from workers.teacher import check_same_vocabulary
@@ -239,7 +241,9 @@ class Runtime:
         """Write ``checkpoint_dir/step_{k}`` through `hybridflow.checkpoint.CheckpointStore`: the actor's
         (and critic's) distributed checkpoints, then the marker holding the controller's state (data
         position, KL coefficient, the training monitor's windows) and the run's identity, which makes it
-        complete. A full disk
+        complete. With partial rollouts (``async_rollout.partial_round_tokens > 0``) the folder also
+        holds `trainer.rollout_queue.PARTIAL_FILE`: the samples of the prompts started and not yet
+        trained, so that a resumed run continues them (`resume`). A full disk
         raises `DiskFullError` naming the step and the space needed and free, and leaves no partial
         folder behind."""
 
@@ -247,6 +251,8 @@ class Runtime:
             self.actor.save_checkpoint(str(path / "actor"))
             if self.critic is not None:
                 self.critic.save_checkpoint(str(path / "critic"))
+            if self.config.async_rollout.partial_round_tokens:
+                torch.save(self.rollouts_ahead.partial.state_dict(), path / PARTIAL_FILE)
 
         state = {
             "loader": self.prompts.state_dict(),
@@ -264,8 +270,12 @@ class Runtime:
 
         Loading brings back the actor's (and critic's) weights, optimizer state and schedule position
         (the optimizer settings themselves come from the config), the data position, the KL coefficient
-        and the monitor's windows, and sets ``step`` to the checkpoint's. Either way the loggers (and the
-        rollout dump) drop the records of the steps this run logs again, so each step appears once.
+        and the monitor's windows, and sets ``step`` to the checkpoint's. With partial rollouts the
+        checkpoint's paused samples go back into ``rollouts_ahead.partial`` and their prompts are held
+        again: the resumed steps continue them where they paused (held prompts the checkpoint has no
+        samples of, such as one written before the file existed, are started again). Either way the
+        loggers (and the rollout dump) drop the records of the steps this run logs again, so each step
+        appears once.
         """
         checkpoint = self.run.checkpoint
         if checkpoint is not None:
@@ -273,7 +283,14 @@ class Runtime:
             if self.critic is not None:
                 self.critic.load_checkpoint(str(checkpoint.path / "critic"))
             self.prompts = PromptStream(self.loader)
-            self.prompts.load_state_dict(checkpoint.state["loader"])
+            partial = self.rollouts_ahead.partial
+            saved = checkpoint.path / PARTIAL_FILE
+            if self.config.async_rollout.partial_round_tokens and saved.exists():
+                partial.load_state_dict(
+                    torch.load(saved, weights_only=True), self.train_data, self.tokenizer.pad_token_id
+                )
+            kept = [group.index for group in partial.groups]
+            self.prompts.load_state_dict(checkpoint.state["loader"], kept=kept)
             if self.kl_ctrl is not None and checkpoint.state["kl_coef"] is not None:
                 self.kl_ctrl.value = checkpoint.state["kl_coef"]
             if "monitor" in checkpoint.state:  # checkpoints written before the monitor existed lack it

@@ -215,8 +215,9 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     version (actor updates so far) of the weights that sampled it. Bound: the samples of a prompt
     started ``async_rollout.max_staleness`` versions ago get no round budget and run to the end in this
     step, so no token trains more than that many versions stale (`staleness_metrics` checks it). The
-    prompts started and not yet trained are held in the prompt stream, so a checkpoint lists them and a
-    resumed run starts them again (`trainer.rollout_queue.PromptStream`).
+    prompts started and not yet trained are held in the prompt stream, so a checkpoint lists them, and a
+    checkpoint keeps their samples so far: a resumed run's pool holds them again and its steps continue
+    them (`trainer.rollout_queue.PartialPool.state_dict`, `trainer.runtime.Runtime.resume`).
 
     With the rollout on a pool of its own the rounds stream (`_collect_round`, `_submit_round`): a step
     first collects the round the step before left running on the pool during its update, then pushes

@@ -1,13 +1,14 @@
-"""The parts of partial rollouts that need no Ray: the prompt stream's held prompts across a checkpoint,
-and which groups must finish in a step (the staleness bound)."""
+"""The parts of partial rollouts that need no Ray: the prompt stream's held prompts and the pool's paused
+samples across a checkpoint, and which groups must finish in a step (the staleness bound)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridflow.data import PromptLoader
 from tests.rollout_service._toy_prompts import ids, toy_loader
-from trainer.rollout_queue import OWED_KEY, PartialPool, PromptStream
+from trainer.rollout_queue import OWED_KEY, PARTIAL_FILE, PartialPool, PendingRound, PromptStream
 
 
 @pytest.fixture
@@ -80,3 +81,55 @@ def test_a_prompt_handed_out_again_while_held_is_held_twice(loader):
     assert OWED_KEY not in stream.state_dict()
     with pytest.raises(KeyError, match=f"prompt {again[0]} is not held"):
         stream.release(again[:1])
+
+
+def test_a_checkpointed_pool_comes_back_sample_by_sample_and_its_prompts_are_held_not_owed(loader, tmp_path):
+    order = [i for batch in PromptLoader(loader.dataset, 3, 0, seed=5) for i in ids(batch)]
+    stream = PromptStream(loader)
+    pool = PartialPool()
+    for version in (3, 4):
+        batch = stream.next()
+        pool.start(batch, n=2, version=version)
+        stream.hold(batch)
+    # The first prompt's samples finished, the others paused with 0-2 tokens of versions 3 and 4.
+    for k, sample in enumerate(s for group in pool.groups for s in group.samples):
+        sample.token_ids = [7 + k] * (k % 3)
+        sample.log_probs = [-0.1 * (k + 1)] * (k % 3)
+        sample.versions = [3 + k % 2] * (k % 3)
+        sample.rounds = k % 3
+        sample.finish_reason = "stop" if k < 2 else None
+    trained = pool.take(1)
+    stream.release([group.index for group in trained])
+    # A started but not yet submitted round: its prompts are not held, and the pool's state leaves them out.
+    admitted = stream.peek(0)
+    pool.start(admitted, n=2, version=5)
+    pool.pending = PendingRound([], 5, admitted, 8)
+    state = stream.state_dict()
+    torch.save(pool.state_dict(), tmp_path / PARTIAL_FILE)
+
+    restored = PartialPool()
+    restored.load_state_dict(torch.load(tmp_path / PARTIAL_FILE, weights_only=True), loader.dataset, 0)
+    held = pool.groups[:5]
+    assert [(g.index, g.version, g.samples) for g in restored.groups] == [(g.index, g.version, g.samples) for g in held]
+    assert [g.index for g in restored.groups] == order[1:6] and restored.pending is None
+    for mine, theirs in zip(restored.groups, held, strict=True):
+        for column in ("input_ids", "attention_mask", "position_ids"):
+            assert torch.equal(mine.prompt[column], theirs.prompt[column])  # padded as in the batch it started in
+        assert mine.prompt.non_tensors == theirs.prompt.non_tensors
+    # Some rows are wider than their own prompt: the saved width matters.
+    assert any(g.prompt["input_ids"].shape[1] > len(g.samples[0].prompt_ids) for g in restored.groups)
+
+    resumed = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
+    resumed.load_state_dict(state, kept=[g.index for g in restored.groups])
+    assert not resumed.owes  # nothing to start again
+    assert ids(resumed.next()) == order[6:9]  # the admitted batch, handed out again
+    assert sorted(resumed.state_dict()[OWED_KEY]) == sorted(order[1:6])  # held again, listed by a checkpoint
+    resumed.release(order[1:6])
+    assert OWED_KEY not in resumed.state_dict()
+
+    # Held prompts a checkpoint has no samples of are owed, in the listed order; kept ones must be listed.
+    partly = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
+    partly.load_state_dict(state, kept=order[2:5])
+    assert ids(partly.next()) == [order[1], order[5], order[6]]
+    with pytest.raises(ValueError, match=rf"prompts \[{order[7]}\] are kept by the partial-rollout pool"):
+        PromptStream(loader).load_state_dict(state, kept=[order[7]])

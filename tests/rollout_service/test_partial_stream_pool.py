@@ -12,8 +12,9 @@ By hand, with batches B1..B4 of the data order: step 1 (version 0) starts B1 onl
 and submits one round of 3 tokens over B2 on version 0, which runs during step 1's update. Step 2
 (version 1) collects it, pushes version 1, runs B2 to the end (started a version ago, so due) and trains
 it: each row's first 3 tokens are version 0, the rest version 1. It submits B3's first round on version
-1; the checkpoint of step 2 does not count B3 as handed out (it was only peeked) and holds no prompt, so
-the resumed step 3 starts B3 again from scratch on version 2 (all its tokens version 2), submits B4's
+1; the checkpoint of step 2 does not count B3 as handed out (it was only peeked), holds no prompt and
+keeps no samples (the round's output is lost with the pool; B3's groups are not held), so the resumed
+step 3 starts B3 again from scratch on version 2 (all its tokens version 2), submits B4's
 first round on version 2, and step 4 trains B4 with tokens 0-2 of version 2 and the rest of version 3.
 The last step submits nothing.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow.checkpoint import CheckpointStore
 from hybridflow.metrics import read_jsonl
 from hybridflow.models import load_causal_lm
 from hybridflow.protocol import Batch
@@ -45,6 +47,7 @@ from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
 from trainer.config import ConfigError
 from trainer.fit import StopAt, fit
+from trainer.rollout_queue import PARTIAL_FILE
 from trainer.runtime import Runtime
 
 STEPS = 4
@@ -79,6 +82,9 @@ def run(ray_cluster, tmp_path_factory):
             "version": in_flight.version,
             "groups": [group.index for group in pool.groups],
             "saved": runtime.prompts.state_dict(),
+            "kept": torch.load(
+                CheckpointStore(config.trainer.checkpoint_dir).path_of(2) / PARTIAL_FILE, weights_only=True
+            ),
             # The round in flight finishes on the pool; nothing collects it, and closing the runtime
             # stops the pool with its output unread.
             "round_rows": sum(len(future.get()) for _, future in in_flight.calls),
@@ -138,6 +144,7 @@ def test_every_prompt_trains_once_and_the_resume_restarts_the_round_in_flight(ru
     assert stopped["admitted"] == batches[2] and stopped["groups"] == batches[2]
     assert stopped["version"] == 1
     assert "owed_indices" not in stopped["saved"]
+    assert stopped["kept"] == {"groups": []}  # the pool's only groups are the round's, not held
     assert stopped["round_rows"] == BATCH * N
     assert run["after"] == {"pending": None, "left": 0}
 

@@ -7,10 +7,13 @@ checkpoint every 2 steps. It stops after step 2, when prompts started in steps 1
 runtime resumes from that checkpoint for steps 3 to 5. The step function keeps each step's rollouts and
 the actor's weights before its update (those of version ``step - 1``).
 
-By hand: the first step of each runtime starts two batches (16 prompts), every later step one, and every
-step trains 8; so 16 + 8 = 24 prompts are started before the stop, 8 of them left untrained, and 16 + 2 * 8
-= 32 after the resume: first the 8 the checkpoint holds (started, not trained), then 24 of the data order
-from where the checkpoint left it.
+By hand: the first step of a run starts two batches (16 prompts), every later step one, and every step
+trains 8; so 16 + 8 = 24 prompts are started before the stop, 8 of them left untrained with their samples
+paused. The checkpoint keeps those samples: the resumed runtime's pool holds the 8 again (started at
+version 1, so due in step 3, which trains them, their kept tokens first), and from then on it starts one
+batch a step as the uninterrupted run would: 3 * 8 = 24 prompts of the data order from where the
+checkpoint left it. A second run of the same config without the stop trains the same rows, token for
+token: the per-step sampling seeds make the resume exact.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from hybridflow.checkpoint import CheckpointStore
 from hybridflow.data import PromptLoader
 from hybridflow.metrics import read_jsonl
 from hybridflow.models import load_causal_lm
@@ -29,6 +33,7 @@ from tests.trainer._runs import run_config, write_task
 from trainer.algorithms import rl_step
 from trainer.config import ConfigError
 from trainer.fit import StopAt, fit
+from trainer.rollout_queue import PARTIAL_FILE, PartialPool
 from trainer.runtime import Runtime
 from trainer.steps import sampling_params
 
@@ -57,34 +62,68 @@ def run(ray_cluster, tmp_path_factory):
     rollouts: list[Batch] = []
     weights: list[dict[str, torch.Tensor]] = []
     held: list[list[int]] = []
-    step = recording_step(rollouts, weights)
+    pools: list[list[tuple]] = []
+    step = recording_step(rollouts, weights, pools)
     with Runtime(config) as runtime:
         fit(runtime, step, stop=StopAt(steps=2))
         held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
+        stopped = pool_contents(runtime.rollouts_ahead.partial)
         saved = runtime.prompts.state_dict()
+    checkpoint = CheckpointStore(config.trainer.checkpoint_dir).path_of(2) / PARTIAL_FILE
+    in_checkpoint = torch.load(checkpoint, weights_only=True)
     with Runtime(config) as runtime:
         fit(runtime, step)
         held.append(sorted(g.index for g in runtime.rollouts_ahead.partial.groups))
         facts = run_facts(runtime)
+    # The same run without the stop, in a folder of its own.
+    uninterrupted: list[Batch] = []
+    again = run_config(root, "hf", STEPS, [*PARTIAL, "trainer.save_every=0", f"trainer.output_dir={root / 'again'}"])
+    with Runtime(again) as runtime:
+        fit(runtime, recording_step(uninterrupted, None))
     return {
         **facts,
         "config": config,
         "rollouts": rollouts,
+        "uninterrupted": uninterrupted,
         "weights": weights,
         "held": held,
+        "pools": pools,
+        "stopped": stopped,
+        "in_checkpoint": in_checkpoint,
         "saved": saved,
         "log": read_jsonl(root / "run" / "metrics.jsonl"),
     }
 
 
+def pool_contents(pool: PartialPool) -> list[tuple]:
+    """Every group of ``pool``, oldest first: its index, version, prompt ids (left-padded, as started)
+    and its samples' token ids, log-probs, versions (copies: the samples go on), finish reason and rounds."""
+    return [
+        (
+            group.index,
+            group.version,
+            group.prompt["input_ids"].tolist(),
+            [
+                (s.group, s.prompt_ids, [*s.token_ids], [*s.log_probs], [*s.versions], s.finish_reason, s.rounds)
+                for s in group.samples
+            ],
+        )
+        for group in pool.groups
+    ]
+
+
 def recording_step(
-    rollouts: list[Batch], weights: list[dict[str, torch.Tensor]]
+    rollouts: list[Batch], weights: list[dict[str, torch.Tensor]] | None, pools: list[list[tuple]] | None = None
 ) -> Callable[[Runtime, Batch], Batch]:
-    """`rl_step`, keeping each step's rollouts and the actor's weights before its update (those of
-    version ``runtime.step - 1``)."""
+    """`rl_step`, keeping each step's rollouts, the actor's weights before its update (those of version
+    ``runtime.step - 1``; not kept when ``weights`` is None) and, when ``pools`` is given, the partial
+    pool's contents before the step generates (`pool_contents`)."""
 
     def step(runtime: Runtime, batch: Batch) -> Batch:
-        weights.append(runtime.actor.gather_full_state()[0])
+        if weights is not None:
+            weights.append(runtime.actor.gather_full_state()[0])
+        if pools is not None:
+            pools.append(pool_contents(runtime.rollouts_ahead.partial))
         rollouts.append(rl_step(runtime, batch))
         return rollouts[-1]
 
@@ -126,12 +165,56 @@ def test_no_prompt_is_lost_or_trained_twice_across_the_resume(run):
     assert sorted(run["saved"]["owed_indices"]) == run["held"][0]
     assert sorted(run["held"][0]) == sorted(set(started_before) - {i for t in before for i in t})
     assert len(run["held"][0]) == 24 - 2 * BATCH
-    # After the resume: the held prompts again, then the data order from where the checkpoint left it.
-    started_after = run["held"][0] + _data_order(run, 24 + 24)[24:]
+    # After the resume: the held prompts go on (due at version 2, step 3 trains them all), and one batch a
+    # step is started from the data order where the checkpoint left it.
+    assert sorted(after[0]) == run["held"][0]
+    started_after = _data_order(run, 24 + 24)[24:]
     every = [i for t in trained for i in t]
     assert len(every) == len(set(every))  # none trained twice
-    assert sorted([i for t in after for i in t] + run["held"][1]) == sorted(started_after)  # none lost
-    assert set(run["held"][0]) <= {i for t in after for i in t} | set(run["held"][1])
+    assert sorted([i for t in after for i in t] + run["held"][1]) == sorted(run["held"][0] + started_after)
+    # Prompts the resumed run started: those of the data order, never a held one again.
+    assert sorted(g[0] for g in run["pools"][3]) == sorted(started_after[:BATCH])
+    assert sorted(g[0] for g in run["pools"][4]) == sorted(started_after[BATCH : 2 * BATCH])
+
+
+def test_the_checkpoint_keeps_the_paused_samples_and_the_resume_restores_them(run):
+    stopped, restored = run["stopped"], run["pools"][2]  # the pool at the stop; before step 3 generates
+    assert restored == stopped
+    assert [g[0] for g in stopped] == [group["index"] for group in run["in_checkpoint"]["groups"]]
+    samples = [sample for group in stopped for sample in group[3]]
+    assert len(samples) == BATCH * N
+    # Samples paused after their first round in step 2 (version 1), tokens kept.
+    paused = [s for s in samples if s[2] and s[5] is None]
+    assert paused and all(set(s[4]) == {1} and s[6] == 1 for s in paused)
+
+
+def test_the_resumed_step_trains_the_kept_samples_as_prefixes(run):
+    rollouts = run["rollouts"][2]  # step 3, the resumed runtime's first
+    rows = {int(i): row for row, i in reversed(list(enumerate(rollouts["index"])))}  # each group's first row
+    continued = 0
+    for index, _, prompt, samples in run["stopped"]:
+        first = rows[index]
+        width = rollouts["input_ids"].shape[1]
+        assert rollouts["input_ids"][first, width - len(prompt[0]) :].tolist() == prompt[0]
+        for offset, (_, _, tokens, log_probs, versions, reason, _) in enumerate(samples):
+            row, kept = first + offset, len(tokens)
+            assert rollouts["responses"][row, :kept].tolist() == tokens
+            assert rollouts["token_versions"][row, :kept].tolist() == versions
+            expected = torch.tensor(log_probs, dtype=torch.float32)
+            assert torch.equal(rollouts["rollout_log_probs"][row, :kept], expected)
+            length = int(rollouts["response_lengths"][row])
+            assert length == kept if reason is not None else length > kept
+            continued += reason is None
+    assert continued > 0
+
+
+def test_the_resumed_run_trains_what_the_uninterrupted_run_trains(run):
+    """The resume is exact: every step's rows, token for token, with their versions and log-probs."""
+    assert len(run["uninterrupted"]) == STEPS
+    for step, (resumed, whole) in enumerate(zip(run["rollouts"], run["uninterrupted"], strict=True), start=1):
+        assert _trained(resumed) == _trained(whole), step
+        for column in ("input_ids", "responses", "response_mask", "token_versions", "rollout_log_probs"):
+            assert torch.equal(resumed[column], whole[column]), (step, column)
 
 
 def test_rows_keep_the_versions_of_their_tokens(run):
