@@ -1,11 +1,12 @@
 """GRPO discovers a calculator: a tiny character model learns 3-digit x 2-digit multiplication by
-calling a tool it was only shown on addition and subtraction.
+calling a tool it was only shown on other problems.
 
-    1. write the two data sets once (`recipes.tool_arithmetic.task`): the tool's format on addition
-       and subtraction, and the multiplication task (5,000 training and 50 held-out problems);
-    2. warm-start the demo's 3.2M-parameter Qwen2 on the format only: large sums and differences are
-       answered through ``<calc>...</calc>``, one-digit sums directly; never a product
-       (`trainer.warm_start`, cached);
+    1. write the two data sets once (`recipes.tool_arithmetic.task`): the tool's format (calls that
+       copy the question's expression, on other operators and shapes), and the multiplication task
+       (5,000 training and 50 held-out problems);
+    2. warm-start the demo's 3.2M-parameter Qwen2 on the format only: two-operand ``+ - // % **`` and
+       three-operand expressions are answered through ``<calc>...</calc>``, one-digit sums and products
+       directly; never a 3-digit x 2-digit product (`trainer.warm_start`, cached);
     3. train it with GRPO on multiplication episodes (``agent`` section: the ``calculator_arithmetic``
        environment; 16 prompts x 8 episodes a step, reward 1 for the exact product);
     4. before the first step and every ``trainer.val_every`` steps, run one greedy episode per held-out
@@ -46,7 +47,7 @@ CACHE = Path(".cache/tool_arithmetic")
 class ToolArithmeticSettings:
     """``recipe.*`` keys: the warm start's supervised steps, sequences per step and learning rate."""
 
-    warm_start_steps: int = recipe_field(250, ge=1)
+    warm_start_steps: int = recipe_field(1000, ge=1)
     warm_start_batch_size: int = recipe_field(32, ge=1)
     warm_start_lr: float = recipe_field(1e-3, gt=0.0)
 

@@ -1,14 +1,18 @@
 """The recipe's two data sets, in the veRL row layout (prompt messages, ``reward_model.ground_truth``).
 
-- **The tool format** (warm start only): addition, subtraction, remainder (``%``) and powers
-  (``37**3``), never multiplication. Every problem but the one-digit sums is answered through the
-  calculator: the target is the whole script of the episode, ``<calc>4821+3907</calc></s><r>8728</r>8728``
-  (``</s>`` is the tokenizer's end-of-sequence id, which ends the call's turn; ``<r>...</r>`` is what
-  the environment inserts; the tags are short because every character is a token). Single-digit
-  additions are answered directly (``7+5=`` -> ``12``), so calling is a choice the model makes from
-  the prompt, not a reflex. The held-out rows of this set hold only the expected
-  **first turn** (the call, or the direct answer): the warm start's held-out accuracy is the share of
-  first turns written exactly.
+- **The tool format** (warm start only): a call copies the question's expression verbatim, whatever
+  its operator and shape, so that the copy is generic and carries over to an operator the model has
+  never called on its own. Two-operand problems with ``+ - // % **`` (operands of 1-4 digits, powers
+  with a 1-3 digit base) and three-operand ones mixing ``+ - * // %`` (operands of 1-3 digits, for
+  example ``27+4*318``) are answered through the calculator: the target is the whole script of the
+  episode, ``<calc>4821+3907</calc></s><r>8728</r>8728`` (``</s>`` is the tokenizer's end-of-sequence
+  id, which ends the call's turn; ``<r>...</r>`` is what the environment inserts; the tags are short
+  because every character is a token). One-digit sums and products are answered directly
+  (``7+5=`` -> ``12``, ``7*8=`` -> ``56``), so calling is a choice made from the prompt, and the only
+  two-operand products the model sees are answered without the tool. A ``*`` between a 3-digit and a
+  2-digit number (`TASK_SHAPE`, the task's shape) never occurs. The held-out rows of this set hold only
+  the expected **first turn** (the call, or the direct answer): the warm start's held-out accuracy is
+  the share of first turns written exactly.
 - **The task**: 3-digit x 2-digit multiplication (``123*45=`` -> ``5535``); train and held-out problems
   are distinct.
 """
@@ -16,19 +20,33 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
 from hybridflow.data import write_rows
+from hybridflow.tools.calculator import evaluate
 
-__all__ = ["DATA_SOURCE", "call_script", "ensure_task_files", "format_rows", "multiplication_rows"]
+__all__ = [
+    "DATA_SOURCE",
+    "TASK_SHAPE",
+    "call_script",
+    "ensure_task_files",
+    "format_expression",
+    "format_rows",
+    "multiplication_rows",
+]
 
 DATA_SOURCE = "tool_arithmetic"
 EOS = "</s>"
 DIRECT_SHARE = 0.2
-"""Share of the format rows answered without the tool (single-digit additions)."""
-POWER_SHARE = 0.2
-"""Share of the format rows that are powers (``37**3``): the only rows whose call holds a ``*``."""
+"""Share of the format rows answered without the tool (one-digit sums and products, half each)."""
+THREE_OPERAND_SHARE = 0.35
+"""Share of the format rows with three operands: the only ones whose call holds a single ``*``."""
+TWO_OPERAND_OPS = ("+", "-", "//", "%", "**")
+THREE_OPERAND_OPS = ("+", "-", "*", "//", "%")
+TASK_SHAPE = re.compile(r"(?<!\d)\d{3}\*\d{2}(?!\d)")
+"""A 3-digit number times a 2-digit one: the task, which no format row contains."""
 
 
 def call_script(expression: str, value: int) -> tuple[str, str]:
@@ -46,40 +64,51 @@ def _row(prompt: str, target: str, split: str, index: int) -> dict[str, Any]:
     }
 
 
-def _operand(rng: random.Random) -> int:
-    digits = rng.randint(2, 4)
-    return rng.randrange(10 ** (digits - 1), 10**digits)
+def _number(rng: random.Random, low: int, high: int) -> int:
+    """A number of ``low``-``high`` digits (the digit count uniform), never 0: a divisor may be any."""
+    digits = rng.randint(low, high)
+    return rng.randrange(max(1, 10 ** (digits - 1)), 10**digits)
 
 
-def _solve(a: int, op: str, b: int) -> int:
-    if op == "**":
-        return a**b
-    if op == "%":
-        return a % b
-    return a + b if op == "+" else a - b
+def format_expression(rng: random.Random) -> tuple[str, bool]:
+    """One format problem: (expression, whether it is answered directly). Shares as in the module
+    docstring; an expression in `TASK_SHAPE` is drawn again."""
+    while True:
+        draw = rng.random()
+        if draw < DIRECT_SHARE:
+            return f"{rng.randrange(10)}{rng.choice('+*')}{rng.randrange(10)}", True
+        if draw < DIRECT_SHARE + THREE_OPERAND_SHARE:
+            a, b, c = (_number(rng, 1, 3) for _ in range(3))
+            expression = f"{a}{rng.choice(THREE_OPERAND_OPS)}{b}{rng.choice(THREE_OPERAND_OPS)}{c}"
+        else:
+            op = rng.choice(TWO_OPERAND_OPS)
+            if op == "**":
+                a, b = _number(rng, 1, 3), rng.randint(2, 3)
+            else:
+                a, b = _number(rng, 1, 4), _number(rng, 1, 4)
+                if a < 10 and b < 10:
+                    continue  # one-digit pairs are the direct rows' shape
+            expression = f"{a}{op}{b}"
+        if not TASK_SHAPE.search(expression):
+            return expression, False
 
 
 def format_rows(num_train: int, num_test: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     """The tool-format rows (module docstring): ``train`` rows target the whole script, ``test`` rows the
-    first turn. Problems of the two splits are distinct."""
+    first turn. The held-out problems that use the tool are never trained on; the 200 direct ones
+    repeat."""
     rng = random.Random(seed)
-    seen: set[str] = set()
+    held_out: set[str] = set()
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
     for split, count in (("test", num_test), ("train", num_train)):
         while len(splits[split]) < count:
-            draw = rng.random()
-            if draw < DIRECT_SHARE:
-                a, op, b = rng.randrange(10), "+", rng.randrange(10)
-            elif draw < DIRECT_SHARE + POWER_SHARE:
-                a, op, b = rng.randrange(10, 100), "**", rng.randint(2, 3)
-            else:
-                a, op, b = _operand(rng), rng.choice("+-%"), _operand(rng)
-            expression = f"{a}{op}{b}"
-            value = _solve(a, op, b)
-            if expression in seen and (split == "test" or op != "+" or a >= 10):
-                continue  # held-out problems are never trained on (the 100 one-digit sums repeat in train)
-            seen.add(expression)
-            if a < 10 and b < 10:
+            expression, direct = format_expression(rng)
+            if not direct and expression in held_out:
+                continue  # held-out problems are distinct and never trained on
+            if split == "test" and not direct:
+                held_out.add(expression)
+            value = int(evaluate(expression))
+            if direct:
                 target = str(value)
             else:
                 first, script = call_script(expression, value)

@@ -17,10 +17,11 @@ from hybridflow.data.char_tokenizer import build_char_tokenizer
 from hybridflow.metrics import read_jsonl
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.tools import ToolOutcome
+from hybridflow.tools.calculator import evaluate
 from recipes.tool_arithmetic import main as recipe
 from recipes.tool_arithmetic.environment import CalculatorArithmetic
 from recipes.tool_arithmetic.evaluation import EVAL_METRICS, episode_evaluation, summarise
-from recipes.tool_arithmetic.task import call_script, ensure_task_files, format_rows
+from recipes.tool_arithmetic.task import TASK_SHAPE, call_script, ensure_task_files, format_rows
 from trainer.algorithms import rl_step
 from trainer.fit import fit
 from trainer.runtime import Runtime
@@ -38,13 +39,20 @@ def files(tmp_path_factory):
     return ensure_task_files(tmp_path_factory.mktemp("tool_arithmetic"), num_train=60, num_test=20)
 
 
-def test_the_format_data_never_multiplies_and_the_task_is_held_out(files):
+def test_the_format_data_never_shows_the_task_and_every_call_copies_its_question(files):
     format_rows_ = [row for key in ("format_train", "format_test") for row in read_rows(files[key])]
-    prompts = [row["prompt"][0]["content"] for row in format_rows_]
-    assert not any(re.search(r"\d\*\d", prompt) for prompt in prompts)  # no product; powers (**) only
-    assert any("**" in prompt for prompt in prompts)
-    scripts = [row["reward_model"]["ground_truth"] for row in read_rows(files["format_train"])]
-    assert any(s.startswith("<calc>") for s in scripts) and any(s.isdigit() for s in scripts)
+    pairs = [(row["prompt"][0]["content"], row["reward_model"]["ground_truth"]) for row in format_rows_]
+    assert not any(TASK_SHAPE.search(prompt + target) for prompt, target in pairs)
+    for prompt, target in pairs:
+        expression = prompt.removesuffix("=")
+        if target.startswith("<calc>"):  # the call holds the question's expression verbatim
+            assert target.startswith(f"<calc>{expression}</calc>")
+        else:  # answered directly: one-digit sums and products only
+            assert re.fullmatch(r"\d[+*]\d", expression) and target == str(evaluate(expression))
+    # A lone * is copied into calls, but only inside three-operand expressions.
+    lone_star = [p for p, t in pairs if t.startswith("<calc>") and re.search(r"\d\*\d", p)]
+    assert lone_star and all(len(re.findall(r"\d+", p)) == 3 for p in lone_star)
+    assert TASK_SHAPE.search("7+123*45") and not TASK_SHAPE.search("1234*45") and not TASK_SHAPE.search("123**45")
     train = {row["prompt"][0]["content"] for row in read_rows(files["train"])}
     test = read_rows(files["test"])
     assert len(test) == 20 and not train & {row["prompt"][0]["content"] for row in test}
@@ -52,12 +60,14 @@ def test_the_format_data_never_multiplies_and_the_task_is_held_out(files):
         a, b = map(int, re.fullmatch(r"(\d{3})\*(\d{2})=", row["prompt"][0]["content"]).groups())
         assert row["reward_model"]["ground_truth"] == str(a * b)
     # The held-out format rows hold the first turn only; a training row's script, the whole episode.
-    assert call_script("9016+664", 9680) == (
-        "<calc>9016+664</calc>",
-        "<calc>9016+664</calc></s><r>9680</r>9680",
+    assert call_script("21*89-1", 1868) == (
+        "<calc>21*89-1</calc>",
+        "<calc>21*89-1</calc></s><r>1868</r>1868",
     )
-    held_out = format_rows(10, 30, seed=3)["test"]
-    assert all("</s>" not in row["reward_model"]["ground_truth"] for row in held_out)
+    rows = format_rows(300, 30, seed=3)
+    assert all("</s>" not in row["reward_model"]["ground_truth"] for row in rows["test"])
+    held_out = {row["prompt"][0]["content"] for row in rows["test"] if row["reward_model"]["ground_truth"][0] == "<"}
+    assert held_out and not held_out & {row["prompt"][0]["content"] for row in rows["train"]}
 
 
 def test_config_loads_and_its_recipe_section_is_the_warm_start(files, tmp_path):
