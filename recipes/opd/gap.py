@@ -18,6 +18,8 @@ prompts x ``rollout.n`` sequences (recipes/opd/config.yaml: 16 x 4) at one learn
 Run:  python -m recipes.opd.gap teacher [--teacher-steps N] (once: trains and exports the teacher)
       python -m recipes.opd.gap student                    (the student's start; the runs make it too)
       python -m recipes.opd.gap grid [--steps N] [--lr LR] [--seeds 0 1 2] [--methods ...] [--results DIR]
+                                   [--set KEY=VALUE ...]   (config overrides of the RL runs, e.g.
+                                                            recipe.baseline=position)
       python -m recipes.opd.gap run --methods opd --seeds 0 (runs in this process, no table)
       python -m recipes.opd.gap table                      (the table of the runs done so far)
 """
@@ -66,6 +68,7 @@ STUDENT_WARM_START = WarmStartConfig(min_accuracy=0.25, max_steps=3000, extend_e
 """The demo's warm start (290 steps of 128 rows at lr 1e-3), extended in blocks of 20 steps until 25%."""
 METHODS = ("opd", "sft", "grpo", "opd_grpo")
 ACCURACY = "val/accuracy"
+REVERSE_KL = "opd/reverse_kl"
 SFT_ROWS = 64  # rows per supervised step: the RL methods' 16 prompts x 4 samples
 
 
@@ -160,9 +163,11 @@ def switching_step(switch_after: int) -> StepFn:
     return step
 
 
-def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[str, float]:
-    """One Ray run of ``method`` (opd, grpo, opd_grpo) from the student's start; its numbers from the
-    run's metrics.jsonl."""
+def run_rl(
+    method: str, seed: int, steps: int, lr: float, folder: Path, extra: Sequence[str] = ()
+) -> dict[str, float]:
+    """One Ray run of ``method`` (opd, grpo, opd_grpo) from the student's start, with the config
+    overrides ``extra`` last; its numbers from the run's metrics.jsonl."""
     start_dir, _ = student_start()
     overrides = [
         f"model.path={start_dir}",
@@ -179,6 +184,7 @@ def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[
     ]
     if method != "grpo":
         overrides.append(f"teacher.path={TEACHER / 'final' / 'hf'}")
+    overrides.extend(extra)
     config = student_config(overrides)
     step = {"opd": opd_step, "grpo": rl_step, "opd_grpo": switching_step(steps // 2)}[method]
     with start_ray(config), Runtime(config) as runtime:
@@ -187,7 +193,11 @@ def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[
     validated = [r for r in records if ACCURACY in r]
     trained = [r for r in records if GENERATED_METRIC in r]
     teacher_seconds = sum(r.get("timing_s/teacher", 0.0) for r in trained)
+    # The OPD steps' sampled reverse KL (nats per token), mean of the first and of the last 5 of them.
+    kl = [r[REVERSE_KL] for r in trained if REVERSE_KL in r]
+    kl_ends = {"reverse_kl_first5": statistics.fmean(kl[:5]), "reverse_kl_last5": statistics.fmean(kl[-5:])} if kl else {}
     return {
+        **kl_ends,
         "before": validated[0][ACCURACY],
         "middle": validated[1][ACCURACY] if len(validated) > 2 else float("nan"),
         "after": validated[-1][ACCURACY],
@@ -200,12 +210,20 @@ def run_rl(method: str, seed: int, steps: int, lr: float, folder: Path) -> dict[
     }
 
 
-def run_one(method: str, seed: int, steps: int, lr: float, results: Path = OUT) -> dict[str, float]:
-    """Run ``method`` with ``seed``; write its numbers to ``results/<method>/seed<seed>/result.json``."""
+def run_one(
+    method: str, seed: int, steps: int, lr: float, results: Path = OUT, extra: Sequence[str] = ()
+) -> dict[str, float]:
+    """Run ``method`` with ``seed`` (an RL method with the config overrides ``extra``, which SFT does not
+    take); write its numbers to ``results/<method>/seed<seed>/result.json``."""
+    if extra and method == "sft":
+        raise ValueError(f"sft takes no config overrides (--set {' '.join(extra)}): it runs no RL config")
     folder = results / method / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    result = run_sft(seed, steps, lr, folder) if method == "sft" else run_rl(method, seed, steps, lr, folder)
-    record = {"method": method, "seed": seed, "lr": lr, **result}
+    if method == "sft":
+        result = run_sft(seed, steps, lr, folder)
+    else:
+        result = run_rl(method, seed, steps, lr, folder, extra)
+    record = {"method": method, "seed": seed, "lr": lr, "overrides": list(extra), **result}
     (folder / "result.json").write_text(json.dumps(record, indent=1))
     return result
 
@@ -260,6 +278,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of every method (default 1e-4)")
     parser.add_argument("--results", type=Path, default=OUT, help=f"folder of the runs' results (default {OUT})")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="config overrides of the RL runs (opd, grpo, opd_grpo), e.g. recipe.baseline=position")
     args = parser.parse_args(argv)
     if args.command == "teacher":
         print(json.dumps(train_teacher(args.teacher_steps), indent=1))
@@ -269,7 +289,7 @@ def main(argv: Sequence[str]) -> None:
     elif args.command == "run":
         for method in args.methods:
             for seed in args.seeds:
-                print(json.dumps(run_one(method, seed, args.steps, args.lr, args.results), indent=1))
+                print(json.dumps(run_one(method, seed, args.steps, args.lr, args.results, args.set), indent=1))
     elif args.command == "grid":
         # Seed-major, each run in its own process: a finished seed of every method comes before the next
         # seed, and one run's failure leaves the others' results.
@@ -277,6 +297,8 @@ def main(argv: Sequence[str]) -> None:
             for method in args.methods:
                 command = [sys.executable, "-m", "recipes.opd.gap", "run", "--methods", method, "--seeds",
                            str(seed), "--steps", str(args.steps), "--lr", str(args.lr), "--results", str(args.results)]
+                if args.set and method != "sft":
+                    command += ["--set", *args.set]
                 code = subprocess.run(command, check=False).returncode
                 if code:
                     print(f"{method} seed {seed} failed (exit {code})", file=sys.stderr)

@@ -26,6 +26,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+import torch
 
 from hybridflow.algos import masked_mean
 from hybridflow.contract import step_columns
@@ -43,20 +46,45 @@ HERE = Path(__file__).resolve().parent
 DATA = Path(".cache/recipes/opd/data")  # config.yaml's data.train_files / val_files point here
 
 
+Baseline = Literal["none", "position"]
+
+
 @dataclass(frozen=True)
 class OpdSettings:
-    """``recipe.*`` keys: the weight of the task reward's GRPO advantage; 0 distils alone."""
+    """``recipe.*`` keys: the weight of the task reward's GRPO advantage (0 distils alone), and the
+    baseline subtracted from each token's distillation advantage (`position_baseline`; ``none``: the
+    bare ``log pi_T - log pi_S``)."""
 
     reward_weight: float = recipe_field(0.0, ge=0)
+    baseline: Baseline = "none"
+
+
+def position_baseline(advantage: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[batch, response_len]``: at each row and response position, the mean of ``advantage`` over the
+    *other* rows that have a token at that position (leave-one-out; 0 where no other row has one).
+
+    Subtracted from a token's advantage it leaves the policy gradient's expectation unchanged, since
+    the other rows are samples independent of this row's token, and removes what every sample at that
+    position shares: the position's mean reverse KL (recipes/opd/README.md, "Why OPD did not lower the
+    reverse KL"). ``advantage`` is 0 wherever ``mask`` is.
+    """
+    weight = mask.to(advantage.dtype)
+    total = (advantage * weight).sum(dim=0, keepdim=True)  # [1, response_len]
+    count = weight.sum(dim=0, keepdim=True)
+    others = (count - weight).clamp(min=1)  # rows besides this one at the position (>= 1 to divide)
+    return (total - advantage * weight) / others * (count - weight > 0)
 
 
 @step_columns(reads=("teacher_log_probs", "old_log_probs", "response_mask"), writes=("advantages",))
-def distillation_advantages(rollouts: Batch, reward_weight: float = 0.0) -> Batch:
+def distillation_advantages(rollouts: Batch, reward_weight: float = 0.0, baseline: Baseline = "none") -> Batch:
     """``advantages [batch, response_len]``: ``teacher_log_probs - old_log_probs`` at each response token
-    (nats; 0 on padding), plus ``reward_weight`` times the batch's ``task_advantages [batch,
-    response_len]`` (the task reward's, from `trainer.steps.advantages`) when ``reward_weight`` > 0."""
+    (nats; 0 on padding), less `position_baseline` of it when ``baseline`` is ``position``, plus
+    ``reward_weight`` times the batch's ``task_advantages [batch, response_len]`` (the task reward's,
+    from `trainer.steps.advantages`) when ``reward_weight`` > 0."""
     mask = rollouts["response_mask"]
     distill = (rollouts["teacher_log_probs"] - rollouts["old_log_probs"]) * mask
+    if baseline == "position":
+        distill = (distill - position_baseline(distill, mask)) * mask
     if reward_weight > 0:
         distill = distill + reward_weight * rollouts["task_advantages"] * mask
     return Batch({"advantages": distill})
@@ -72,7 +100,8 @@ def opd_step(runtime: Runtime, prompts: Batch) -> Batch:
     if settings.reward_weight > 0:
         task = advantages(runtime, rollouts)["advantages"]  # GRPO on the task reward
         rollouts |= Batch({"task_advantages": task})
-    rollouts |= distillation_advantages(rollouts, settings.reward_weight)  # A_t = log pi_T - log pi_S (+ w A)
+    # A_t = log pi_T - log pi_S (- the other rows' mean at t) (+ w A)
+    rollouts |= distillation_advantages(rollouts, settings.reward_weight, settings.baseline)
     mask = rollouts["response_mask"]
     runtime.record(
         {

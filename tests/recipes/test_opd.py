@@ -17,7 +17,7 @@ from hybridflow.models import build_tiny_causal_lm, load_causal_lm, save_model_d
 from hybridflow.protocol import Batch
 from recipes.opd import main as opd
 from tests.trainer._runs import run_config, write_task
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, load_config, recipe_settings
 from trainer.fit import fit
 from trainer.runtime import Runtime
 from workers.teacher import check_same_vocabulary
@@ -74,6 +74,32 @@ def test_the_task_reward_advantage_is_added_with_its_weight():
     got = opd.distillation_advantages(rollouts, reward_weight=2.0)["advantages"]
     # distillation + 2 * task: 1 + 1, -1 + 1, padding 0 | -2 - 1, 0.5 - 1, -7 - 1
     assert got.tolist() == [[2.0, 0.0, 0.0], [-3.0, -0.5, -8.0]]
+
+
+def test_the_position_baseline_is_the_other_rows_mean_at_each_position():
+    teacher = torch.tensor([[-0.5, -2.0, -1.0], [-3.0, -0.25, -9.0], [-1.0, -1.0, -1.0]])
+    student = torch.tensor([[-1.5, -1.0, -4.0], [-1.0, -0.75, -2.0], [-1.0, -2.0, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    rollouts = Batch({"teacher_log_probs": teacher, "old_log_probs": student, "response_mask": mask})
+    # log pi_T - log pi_S: [1, -1, pad] | [-2, 0.5, -7] | [0, pad, pad]
+    got = opd.distillation_advantages(rollouts, baseline="position")["advantages"]
+    # position 0, three rows: 1 - (-2 + 0) / 2 = 2; -2 - (1 + 0) / 2 = -2.5; 0 - (1 - 2) / 2 = 0.5
+    # position 1, two rows: -1 - 0.5 = -1.5; 0.5 - (-1) = 1.5; position 2, one row: no other row, -7 - 0
+    assert got.tolist() == [[2.0, -1.5, 0.0], [-2.5, 1.5, -7.0], [0.5, 0.0, 0.0]]
+    task = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    mixed = opd.distillation_advantages(rollouts | Batch({"task_advantages": task}), 0.5, "position")
+    # the task advantage is added after the baseline, times 0.5, on valid tokens only
+    assert mixed["advantages"].tolist() == [[2.5, -1.0, 0.0], [-2.5, 1.5, -7.0], [0.0, 0.0, 0.0]]
+
+
+def test_the_baseline_key_takes_none_or_position(tmp_path):
+    root = write_task(tmp_path)
+    data = [f"data.train_files=[{root / 'train.parquet'}]", f"trainer.output_dir={root / 'run'}"]
+    assert recipe_settings(load_config(None, data), opd.OpdSettings).baseline == "none"
+    config = load_config(None, [*data, "recipe.baseline=position"])
+    assert recipe_settings(config, opd.OpdSettings).baseline == "position"
+    with pytest.raises(ConfigError, match=r"recipe\.baseline: .*'none', 'position'"):
+        recipe_settings(load_config(None, [*data, "recipe.baseline=mean"]), opd.OpdSettings)
 
 
 def test_the_advantage_needs_both_log_prob_columns():
