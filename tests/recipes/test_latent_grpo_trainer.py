@@ -52,7 +52,7 @@ def test_readme_claims_match_the_config(tmp_path):
         [f"data.train_files=[{tmp_path / 'train.parquet'}]", f"data.val_files=[{tmp_path / 'test.parquet'}]"],
     )
     settings = recipe_settings(config, recipe.LatentGRPOSettings)
-    assert settings.variant == "latent" and settings.top_k == 10
+    assert settings.variant == "latent" and settings.top_k == 2
     claims = CLAIM.findall((RECIPE / "README.md").read_text())
     assert len(claims) >= 5
     for key, value in claims:
