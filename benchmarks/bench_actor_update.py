@@ -9,7 +9,16 @@ on the same GRPO-shaped batch (the TRL comparison's 3.1M model and shape by defa
 samples, prompts of 4-6 tokens, responses of 2-16), one optimizer step per call; every row carries an
 advantage, so nothing is skipped. Median of ``--rounds`` calls after two warm-up calls each.
 
+``--model DIR`` runs a Hugging Face model folder instead (SmolLM2-135M-Instruct: ``recipes/smollm2``'s
+``.cache/recipes/smollm2/model``) on ``--shape prompts,n,prompt_len,response_len,micro_rows``; both sides
+then also print their model FLOP/s as a fraction of this machine's stored matmul peak for the dtype
+(`hybridflow.metrics.efficiency`, ``python benchmarks/bench_machine_peak.py``), counting every row's prompt
+(the update's own count shares a group's prompt on the packed side). ``--profile`` prints the operators
+that took the most time in one of our updates.
+
     python benchmarks/bench_actor_update.py [--threads 2] [--rounds 5] [--dtype float32]
+    python benchmarks/bench_actor_update.py --model .cache/recipes/smollm2/model --shape 8,8,40,48,8 \
+        --rounds 2 --dtype bfloat16 [--plain-dtype bfloat16] [--profile]
 """
 
 from __future__ import annotations
@@ -30,17 +39,22 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_zero_advantage_skip import grpo_batch  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from hybridflow.data.char_tokenizer import build_char_tokenizer  # noqa: E402
+from hybridflow.metrics.efficiency import device_name, forward_flops, load_machine_peak  # noqa: E402
 from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
+from hybridflow.planning.model_shape import ModelShape  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
 from hybridflow.resharding.manager import ReshardingConfig  # noqa: E402
 from hybridflow.rollout.config import RolloutConfig  # noqa: E402
 from workers.actor import ActorRolloutRefWorker  # noqa: E402
 from workers.config import ActorConfig, ActorDerived, RefConfig  # noqa: E402
 
-ROWS, MICRO_ROWS, CLIP = 256, 64, 0.2
+CLIP = 0.2
+TINY_SHAPE = "32,8,6,16,64"
+"""The TRL comparison's ``tiny`` step: 32 prompts x 8 samples, prompts of 4-6 tokens, responses of 2-16,
+micro-batches of 64 rows."""
 
 
 def timed(fn, rounds: int) -> float:
@@ -54,15 +68,17 @@ def timed(fn, rounds: int) -> float:
     return statistics.median(seconds)
 
 
-def plain_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> None:
+def plain_update(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, micro_rows: int
+) -> None:
     """One clipped-surrogate AdamW step over ``batch`` on the padded ``[rows, prompt + response]`` layout."""
     prompt_len = batch["input_ids"].shape[1]
     ids = torch.cat([batch["input_ids"], batch["responses"]], dim=1)
     mask = torch.cat([batch["attention_mask"], batch["response_mask"]], dim=1)
     tokens = batch["response_mask"].sum()
     optimizer.zero_grad()
-    for start in range(0, len(batch), MICRO_ROWS):
-        rows = slice(start, start + MICRO_ROWS)
+    for start in range(0, len(batch), micro_rows):
+        rows = slice(start, start + micro_rows)
         logits = model(input_ids=ids[rows], attention_mask=mask[rows]).logits[:, prompt_len - 1 : -1].float()
         log_probs = torch.log_softmax(logits, -1).gather(-1, batch["responses"][rows, :, None])[..., 0]
         ratio = torch.exp(log_probs - log_probs.detach())
@@ -78,10 +94,52 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="our compute dtype")
+    parser.add_argument("--plain-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--model", type=Path, help="a Hugging Face model folder (default: the tiny 3.1M model)")
+    parser.add_argument("--shape", default=TINY_SHAPE, help="prompts,n,prompt_len,response_len,micro_rows")
+    parser.add_argument("--profile", action="store_true", help="print our update's costliest operators")
+    parser.add_argument("--no-plain", action="store_true", help="time our update only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
+    prompts, n, prompt_len, response_len, micro_rows = (int(v) for v in args.shape.split(","))
+    rows = prompts * n
+    model_dir = args.model or tiny_model_dir()
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    batch = grpo_batch(prompts, n, prompt_len, response_len, 0.0, vocab)
+    config = ActorConfig(
+        ppo_mini_batch_size=rows, ppo_micro_batch_size=micro_rows, forward_micro_batch_size=micro_rows,
+        lr=1e-4, weight_decay=0.0, param_dtype=args.dtype,
+    )  # fmt: skip
+    derived = ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False)
+    actor = ActorRolloutRefWorker(
+        config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived
+    )  # fmt: skip
+    actor.init_model()
+    ours = timed(lambda: actor.update_actor(batch, temperature=1.0), args.rounds)
+    tokens = int(batch["attention_mask"].sum() + batch["response_mask"].sum())
+    padded = rows * (batch["input_ids"].shape[1] + batch["responses"].shape[1])
+    print(f"{rows} rows, {tokens} valid tokens ({padded} padded), {args.threads} threads")
+    print(f"ours  update_actor (1 rank, packed, {args.dtype}):  {ours:.3f} s")
+    sides = {"ours": (ours, args.dtype)}
+    if not args.no_plain:
+        plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.plain_dtype))
+        optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0)
+        baseline = timed(lambda: plain_update(plain, optimizer, batch, micro_rows), args.rounds)
+        print(f"plain padded loop ({args.plain_dtype}):  {baseline:.3f} s")
+        print(f"plain / ours: {baseline / ours:.2f}x")
+        sides["plain"] = (baseline, args.plain_dtype)
+    print_fraction_of_peak(model_dir, batch, sides)
+    if args.profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            actor.update_actor(batch, temperature=1.0)
+        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    dist.destroy_process_group()
+
+
+def tiny_model_dir() -> Path:
+    """The TRL comparison's 3.1M Qwen2 with the character tokenizer, saved to a temporary folder."""
     tokenizer = build_char_tokenizer()
     model_dir = Path(tempfile.mkdtemp(prefix="bench-actor-update-"))
     model = build_tiny_causal_lm(
@@ -90,26 +148,19 @@ def main() -> None:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
     save_model_dir(model, tokenizer, model_dir)
-    batch = grpo_batch(ROWS // 8, 8, 6, 16, 0.0, len(tokenizer))
-    config = ActorConfig(
-        ppo_mini_batch_size=ROWS, ppo_micro_batch_size=MICRO_ROWS, lr=1e-4, weight_decay=0.0, param_dtype=args.dtype
-    )
-    derived = ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False)
-    actor = ActorRolloutRefWorker(
-        config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived
-    )  # fmt: skip
-    actor.init_model()
-    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0)
-    ours = timed(lambda: actor.update_actor(batch, temperature=1.0), args.rounds)
-    baseline = timed(lambda: plain_update(plain, optimizer, batch), args.rounds)
-    tokens = int(batch["attention_mask"].sum() + batch["response_mask"].sum())
-    padded = ROWS * (batch["input_ids"].shape[1] + batch["responses"].shape[1])
-    print(f"{ROWS} rows, {tokens} valid tokens ({padded} padded), {args.threads} threads, ours in {args.dtype}")
-    print(f"ours  update_actor (1 rank, packed):  {ours:.3f} s")
-    print(f"plain padded loop:                    {baseline:.3f} s")
-    print(f"plain / ours: {baseline / ours:.2f}x")
-    dist.destroy_process_group()
+    return model_dir
+
+
+def print_fraction_of_peak(model_dir: Path, batch: Batch, sides: dict[str, tuple[float, str]]) -> None:
+    """Each side's training FLOP/s (3 forwards' worth, every row's prompt counted) against the stored
+    matmul peak of its dtype on this machine."""
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
+    flops = 3.0 * forward_flops(shape, batch["attention_mask"].sum(-1), batch["response_mask"].sum(-1))
+    peak = load_machine_peak(device_name())
+    for side, (seconds, dtype) in sides.items():
+        rate = flops / seconds
+        fraction = f"{rate / peak.matmul_flops[dtype]:.3f} of the {dtype} peak" if peak else "no stored peak"
+        print(f"{side}: {rate / 1e9:.1f} GFLOP/s, {fraction}")
 
 
 if __name__ == "__main__":
