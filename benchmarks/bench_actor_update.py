@@ -14,16 +14,20 @@ advantage, so nothing is skipped. Median of ``--rounds`` calls after two warm-up
 then also print their model FLOP/s as a fraction of this machine's stored matmul peak for the dtype
 (`hybridflow.metrics.efficiency`, ``python benchmarks/bench_machine_peak.py``), counting every row's prompt
 (the update's own count shares a group's prompt on the packed side). ``--profile`` prints the operators
-that took the most time in one of our updates.
+that took the most time in one of our updates. ``--keep-freed-host-memory`` sets
+``actor.keep_freed_host_memory`` (for the whole process: the plain loop gets it too). ``--gather-once`` also times a second actor with
+``actor.gather_once_per_mini_batch`` (the FSDP2 weights gathered once per optimizer step instead of
+twice per micro-batch), the two actors' calls alternating, and prints the ratio.
 
     python benchmarks/bench_actor_update.py [--threads 2] [--rounds 5] [--dtype float32]
     python benchmarks/bench_actor_update.py --model .cache/recipes/smollm2/model --shape 8,8,40,48,8 \
-        --rounds 2 --dtype bfloat16 [--plain-dtype bfloat16] [--profile]
+        --rounds 2 --dtype bfloat16 [--plain-dtype bfloat16] [--profile] [--gather-once] [--no-plain]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -58,14 +62,22 @@ micro-batches of 64 rows."""
 
 
 def timed(fn, rounds: int) -> float:
-    fn()
-    fn()
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+    return timed_alternating([fn], rounds)[0]
+
+
+def timed_alternating(fns: list, rounds: int) -> list[float]:
+    """Median seconds of each of ``fns`` over ``rounds`` calls, the calls alternating between them so the
+    host's drift hits all alike, after two warm-up calls each."""
+    for fn in fns:
         fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+        fn()
+    seconds: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, seconds, strict=True):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in seconds]
 
 
 def plain_update(
@@ -99,6 +111,12 @@ def main() -> None:
     parser.add_argument("--shape", default=TINY_SHAPE, help="prompts,n,prompt_len,response_len,micro_rows")
     parser.add_argument("--profile", action="store_true", help="print our update's costliest operators")
     parser.add_argument("--no-plain", action="store_true", help="time our update only")
+    parser.add_argument(
+        "--gather-once", action="store_true", help="also time actor.gather_once_per_mini_batch, alternating"
+    )
+    parser.add_argument(
+        "--keep-freed-host-memory", action="store_true", help="actor.keep_freed_host_memory (this process)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
@@ -110,19 +128,31 @@ def main() -> None:
     batch = grpo_batch(prompts, n, prompt_len, response_len, 0.0, vocab)
     config = ActorConfig(
         ppo_mini_batch_size=rows, ppo_micro_batch_size=micro_rows, forward_micro_batch_size=micro_rows,
-        lr=1e-4, weight_decay=0.0, param_dtype=args.dtype,
+        lr=1e-4, weight_decay=0.0, param_dtype=args.dtype, keep_freed_host_memory=args.keep_freed_host_memory,
     )  # fmt: skip
     derived = ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False)
     actor = ActorRolloutRefWorker(
         config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived
     )  # fmt: skip
     actor.init_model()
-    ours = timed(lambda: actor.update_actor(batch, temperature=1.0), args.rounds)
     tokens = int(batch["attention_mask"].sum() + batch["response_mask"].sum())
     padded = rows * (batch["input_ids"].shape[1] + batch["responses"].shape[1])
     print(f"{rows} rows, {tokens} valid tokens ({padded} padded), {args.threads} threads")
+    if args.gather_once:
+        once_config = dataclasses.replace(config, gather_once_per_mini_batch=True)
+        gathered = ActorRolloutRefWorker(once_config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived)
+        gathered.init_model()
+        ours, once = timed_alternating(
+            [lambda: actor.update_actor(batch, temperature=1.0), lambda: gathered.update_actor(batch, temperature=1.0)],
+            args.rounds,
+        )
+    else:
+        ours = timed(lambda: actor.update_actor(batch, temperature=1.0), args.rounds)
     print(f"ours  update_actor (1 rank, packed, {args.dtype}):  {ours:.3f} s")
     sides = {"ours": (ours, args.dtype)}
+    if args.gather_once:
+        print(f"ours, gathered once per mini-batch:  {once:.3f} s ({ours / once:.2f}x)")
+        sides["ours, gathered once"] = (once, args.dtype)
     if not args.no_plain:
         plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.plain_dtype))
         optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0)

@@ -61,6 +61,7 @@ from hybridflow.parallel import (
     VARLEN_SDPA,
     TokenLogProbs,
     TokenStatistic,
+    accumulation_steps,
     build_meshes,
     load_fsdp_params,
     offload_fsdp_params,
@@ -74,6 +75,7 @@ from hybridflow.parallel import (
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
+from hybridflow.resharding.memory import keep_freed_host_memory
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
@@ -220,6 +222,8 @@ class ActorRolloutRefWorker(WeightPushing, Worker):
         is loaded (the reference is the actor with its adapters off) and the engine holds the same
         adapters when ``actor.lora.push`` is ``adapters``."""
         start = time.perf_counter()
+        if self.actor_config.keep_freed_host_memory and not keep_freed_host_memory():
+            raise RuntimeError("actor.keep_freed_host_memory is true, but this C library has no glibc mallopt")
         self.model = self._load_sharded(trainable=True)
         self.optimizer = build_optimizer(self.model, self.actor_config)
         self.scheduler = build_lr_scheduler(self.optimizer, self.actor_config, self.derived.optimizer_steps)
@@ -523,7 +527,7 @@ class ActorRolloutRefWorker(WeightPushing, Worker):
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
         gap = LogProbGap()
-        for part in parts:
+        for part in accumulation_steps(self.model, parts, config.gather_once_per_mini_batch):
             stats = ("log_prob", "entropy") if loss_fn.needs_entropy else ("log_prob",)
             out = self._sequence_stats(self.model, part, temperature, stats)
             if on_policy:

@@ -48,7 +48,9 @@ class OptimizedRoleConfig:
     ``warmup_steps`` optimizer steps of linear warm-up from 0. ``grad_clip`` null disables clipping
     (the norm is still reported). ``param_dtype`` null is the device's default compute dtype (bf16 on
     GPU, fp32 on CPU; `hybridflow.parallel.DevicePlan`). ``use_packing`` packs each micro-batch's valid
-    tokens into one row (no compute on padding).
+    tokens into one row (no compute on padding). ``gather_once_per_mini_batch`` gathers the FSDP2 weights
+    once per optimizer step instead of twice per micro-batch and reduces the gradients once (more memory:
+    the gathered weights and an unsharded fp32 gradient; `hybridflow.parallel.accumulation_steps`).
     """
 
     lr: float = config_field(1e-6, gt=0)
@@ -68,6 +70,7 @@ class OptimizedRoleConfig:
     param_dtype: Dtype | None = None
     activation_checkpointing: bool = False
     use_packing: bool = True
+    gather_once_per_mini_batch: bool = False
 
     @property
     def token_budget(self) -> int | None:
@@ -94,7 +97,10 @@ class ActorConfig(OptimizedRoleConfig):
     parameter shards and the optimizer state to host memory while the engine generates.
     ``logit_chunk_size`` positions of logits are materialised at once in the log-prob forwards (null:
     all of them). ``lora`` trains LoRA adapters on the frozen base weights instead of the whole model
-    (`hybridflow.lora.LoraConfig`, docs/lora.md); null trains every weight.
+    (`hybridflow.lora.LoraConfig`, docs/lora.md); null trains every weight. ``keep_freed_host_memory``
+    makes each actor process's C allocator keep what it frees instead of unmapping it, so the update's
+    buffers are not faulted in again every micro-batch (`hybridflow.resharding.memory.keep_freed_host_memory`;
+    the resident size stays at its high-water mark).
     """
 
     param_offload: bool = False
@@ -114,6 +120,7 @@ class ActorConfig(OptimizedRoleConfig):
     rollout_correction: Literal["none", "token", "sequence"] = "none"
     rollout_correction_cap: float = config_field(2.0, gt=0)
     logit_chunk_size: int | None = config_field(1024, ge=1)
+    keep_freed_host_memory: bool = False
 
     def __post_init__(self) -> None:
         check_bounds(self, "actor")

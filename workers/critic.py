@@ -26,6 +26,7 @@ from hybridflow.contract import MODEL_INPUTS
 from hybridflow.controller import DataParallel, Worker, register
 from hybridflow.parallel import (
     DevicePlan,
+    accumulation_steps,
     on_worker_device,
     pack_sequences,
     packing_kwargs,
@@ -245,7 +246,7 @@ class CriticWorker(Worker):
         parts, _ = micro_batches(mini, config.ppo_micro_batch_size, config.token_budget)
         self.optimizer.zero_grad(set_to_none=True)
         local: dict[str, float] = defaultdict(float)
-        for part in parts:
+        for part in accumulation_steps(self.model, parts, config.gather_once_per_mini_batch):
             values = response_values(self.model, part, config.use_packing)
             part_mask = part["response_mask"]
             loss, raw = clipped_value_loss(

@@ -32,7 +32,12 @@ TRL: ``bf16=True``, autocast). Generation stays fp32 on both. Our layout (``--la
 (default: 2 colocated ranks of one thread) or ``one_rank`` (one rank of two threads).
 
 Sizes: ``small`` (~25M parameters: hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1536; 128 new tokens)
-and ``tiny`` (~3M: hidden 256, 4 layers, 8 / 2 heads, MLP 768; 16 new tokens).
+and ``tiny`` (~3M: hidden 256, 4 layers, 8 / 2 heads, MLP 768; 16 new tokens), both built randomly
+initialised with the character tokenizer, 32 prompts x 8 per step; and ``smollm2``, the pretrained
+SmolLM2-135M-Instruct that ``recipes/smollm2/main.py`` converts into ``.cache/recipes/smollm2/model``
+(run it once), on that recipe's workload: 8 prompts x 8 per step, sums asked in words ("What is 12 +
+7?") through the model's chat template on both sides (TRL gets conversational prompts), up to 64 prompt
+and 128 new tokens.
 
 Run (from the repository root, in the project venv, after ``bash benchmarks/trl/setup.sh``)::
 
@@ -61,12 +66,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 TRL_PYTHON = HERE / ".venv" / "bin" / "python"
 
-PROMPTS_PER_STEP = 32
 SAMPLES_PER_PROMPT = 8
-ROWS_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
 MICRO_BATCH_ROWS = 64  # rows per forward/backward, both sides (``--micro-batch-rows``)
 LR = 1e-4
-MAX_PROMPT_TOKENS = 8
 
 SIZES: dict[str, dict[str, int]] = {
     "small": dict(
@@ -75,7 +77,25 @@ SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(
         hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768, max_new_tokens=16
     ),
+    "smollm2": dict(max_new_tokens=128),
 }
+# Pretrained sizes: the model folder (made by the recipe named in the module docstring).
+PRETRAINED = {"smollm2": REPO / ".cache" / "recipes" / "smollm2" / "model"}
+# Prompts per step and prompt tokens (at most) of each size's workload.
+PROMPTS_PER_STEP = {"small": 32, "tiny": 32, "smollm2": 8}
+MAX_PROMPT_TOKENS = {"small": 8, "tiny": 8, "smollm2": 64}
+
+
+def rows_per_step(size: str) -> int:
+    """Rows sampled and trained per step: prompts x samples per prompt."""
+    return PROMPTS_PER_STEP[size] * SAMPLES_PER_PROMPT
+
+
+def kv_bytes_per_token(model_dir: Path) -> int:
+    """fp32 bytes of K and V per token over all layers, from the model folder's ``config.json``."""
+    spec = json.loads((model_dir / "config.json").read_text())
+    head_dim = spec.get("head_dim") or spec["hidden_size"] // spec["num_attention_heads"]
+    return 2 * spec["num_hidden_layers"] * spec["num_key_value_heads"] * head_dim * 4
 
 
 # --------------------------------------------------------------------------- shared inputs
@@ -109,17 +129,37 @@ def prepare_inputs(out: Path, size: str) -> tuple[Path, Path]:
     from hybridflow.data.synthetic import arithmetic_rows, write_splits
     from hybridflow.models import build_tiny_causal_lm, save_model_dir
 
-    data_dir = out / "data"
+    pretrained = size in PRETRAINED
+    data_dir = out / "data" / size if pretrained else out / "data"
     if not (data_dir / "trl_train.jsonl").exists():
-        splits = arithmetic_rows(4096, 0, digits=2, style="bare", seed=0)
+        if pretrained:  # the recipe's sums in words, every one of the 441 problems
+            splits = arithmetic_rows(441, 0, max_operand=20, style="question", seed=0)
+        else:
+            splits = arithmetic_rows(4096, 0, digits=2, style="bare", seed=0)
         write_splits({"train": splits["train"]}, data_dir, ("parquet",))
         write_rows(
             [
-                {"prompt": row["prompt"][0]["content"], "answer": row["reward_model"]["ground_truth"]}
+                {
+                    # Conversational for a chat model, so TRL renders the same chat template as we do.
+                    "prompt": row["prompt"] if pretrained else row["prompt"][0]["content"],
+                    "answer": row["reward_model"]["ground_truth"],
+                }
                 for row in splits["train"]
             ],
             data_dir / "trl_train.jsonl",
         )
+    if pretrained:
+        model_dir = PRETRAINED[size]
+        if not (model_dir / "config.json").exists():
+            sys.exit(f"{model_dir} is missing: run `python recipes/smollm2/main.py` once to convert the model")
+        if not (model_dir / "params.txt").exists():
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            with torch.device("meta"):  # the count without the memory
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+            (model_dir / "params.txt").write_text(f"{sum(p.numel() for p in model.parameters())}\n")
+        return model_dir, data_dir
     model_dir = out / "models" / size
     if not (model_dir / "config.json").exists():
         spec = {k: v for k, v in SIZES[size].items() if k != "max_new_tokens"}
@@ -152,20 +192,20 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     run_dir = Path(args.run_dir)
     max_new = SIZES[args.size]["max_new_tokens"]
-    # KV cache per rank: room for its 128 rows at full length in fp32 (K and V), plus half again.
-    spec = SIZES[args.size]
-    head_dim = spec["hidden_size"] // spec["num_heads"]
-    bytes_per_token = 2 * spec["num_layers"] * spec["num_kv_heads"] * head_dim * 4
-    rows_per_rank = ROWS_PER_STEP // 2
-    kv_cache = max(64 << 20, 3 * bytes_per_token * (MAX_PROMPT_TOKENS + max_new) * rows_per_rank // 2)
+    max_prompt = MAX_PROMPT_TOKENS[args.size]
+    rows = rows_per_step(args.size)
+    # KV cache per rank: room for its rows at full length in fp32 (K and V), plus half again.
+    rows_per_rank = rows // (2 if args.layout == "two_ranks" else 1)
+    token_bytes = kv_bytes_per_token(Path(args.model_dir))
+    kv_cache = max(64 << 20, 3 * token_bytes * (max_prompt + max_new) * rows_per_rank // 2)
     config = load_config(
         None,
         [
             f"model.path={args.model_dir}",
             f"data.train_files=[{Path(args.data_dir) / 'train.parquet'}]",
-            f"data.max_prompt_length={MAX_PROMPT_TOKENS}",
+            f"data.max_prompt_length={max_prompt}",
             f"data.max_response_length={max_new}",
-            f"data.train_batch_size={PROMPTS_PER_STEP}",
+            f"data.train_batch_size={PROMPTS_PER_STEP[args.size]}",
             "rollout.engine=vllm",
             f"rollout.n={SAMPLES_PER_PROMPT}",
             "rollout.temperature=1.0",
@@ -173,7 +213,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             f"rollout.cache_dir={REPO / '.cache' / 'compile'}",
             f"actor.lr={LR}",
             "actor.weight_decay=0.0",
-            f"actor.ppo_mini_batch_size={ROWS_PER_STEP}",  # one optimizer step per batch
+            f"actor.ppo_mini_batch_size={rows}",  # one optimizer step per batch
             f"actor.ppo_micro_batch_size={args.micro_batch_rows}",
             f"actor.forward_micro_batch_size={2 * args.micro_batch_rows}",
             f"reward.default_fn={REWARDS_OURS[args.reward]}",
@@ -213,7 +253,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": record["timing_s/step"],
                 "cpu_s": record["bench/cpu_s"],
                 "load_1m": record["bench/load_1m"],
-                "response_tokens": record["response_length/mean"] * ROWS_PER_STEP,
+                "response_tokens": record["response_length/mean"] * rows,
                 "extra": extra,
             }
         )
@@ -234,9 +274,11 @@ def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[flo
     return out
 
 
-def varied(completions: list[str], **_: Any) -> list[float]:
-    """`varied_score` for TRL's reward-function signature."""
-    return [varied_score("", text, "") for text in completions]
+def varied(completions: list[str] | list[list[dict[str, str]]], **_: Any) -> list[float]:
+    """`varied_score` for TRL's reward-function signature (a conversational completion is a list of
+    messages: its text is the assistant message's content)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [varied_score("", text, "") for text in texts]
 
 
 REWARDS_OURS = {"varied": f"{Path(__file__).resolve()}:varied_score", "exact_match": "exact_match"}
@@ -334,7 +376,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     config = trl_grpo_config(
         run_dir,
-        rows_per_step=ROWS_PER_STEP,
+        rows_per_step=rows_per_step(args.size),
         micro_batch_rows=args.micro_batch_rows,
         max_new_tokens=max_new,
         bf16=args.precision == "bf16",
@@ -378,7 +420,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": seconds,
                 "cpu_s": clock.cpu_s[index - 1],
                 "load_1m": clock.load[index - 1],
-                "response_tokens": None if length is None else length * ROWS_PER_STEP,
+                "response_tokens": None if length is None else length * rows_per_step(args.size),
                 "extra": {
                     **{k: v for k, v in logs.items() if isinstance(v, (int, float))},
                     "timing_s/generate": clock.generate_s_per_step[index - 1],

@@ -11,7 +11,13 @@ from hybridflow.parallel.device import (
     plan_devices,
     process_group_device_plan,
 )
-from hybridflow.parallel.fsdp import default_mixed_precision, find_decoder_layers, reshard_all, shard_model
+from hybridflow.parallel.fsdp import (
+    accumulation_steps,
+    default_mixed_precision,
+    find_decoder_layers,
+    reshard_all,
+    shard_model,
+)
 from hybridflow.parallel.launch import run_ranks
 from hybridflow.parallel.logprobs import token_log_probs, token_statistics
 from hybridflow.parallel.mesh import (
@@ -64,6 +70,7 @@ __all__ = [
     "TokenLogProbs",
     "TokenStatistic",
     "TransferStats",
+    "accumulation_steps",
     "agree_micro_batch_count",
     "apply_activation_checkpointing",
     "build_meshes",

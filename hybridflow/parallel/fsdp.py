@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -75,3 +78,38 @@ def reshard_all(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+MicroBatch = TypeVar("MicroBatch")
+
+
+def accumulation_steps(model: nn.Module, parts: Sequence[MicroBatch], gather_once: bool) -> Iterator[MicroBatch]:
+    """Yield ``parts``, the micro-batches of one optimizer step, for the caller's forward and backward.
+
+    With ``gather_once`` FSDP2 gathers ``model``'s weights once for the whole step instead of twice per
+    micro-batch, and reduces the gradients once: before each part but the last, the layers keep their
+    gathered weights after forward and backward and skip the gradient reduce-scatter (FSDP2 accumulates
+    the unsharded gradients in its reduce dtype, fp32); the last part's backward reduces and reshards.
+    Under mixed precision each gather is also a cast of every weight, so this saves two casts of the
+    model per micro-batch; the cost is the memory of the gathered weights and an unsharded fp32
+    gradient for the whole step. Afterwards the layers reshard after forward again, as `shard_model`
+    made them. Without ``gather_once`` it yields ``parts`` unchanged.
+    """
+    if not gather_once:
+        yield from parts
+        return
+    # Layers only: the root unit never reshards after forward (FSDP2's default for it).
+    layers = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    for layer in layers:
+        layer.set_reshard_after_forward(False, recurse=False)
+    try:
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+            yield part
+    finally:
+        for layer in layers:
+            layer.set_reshard_after_forward(True, recurse=False)
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)

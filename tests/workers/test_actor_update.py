@@ -80,8 +80,16 @@ def updated(ray_cluster, policy_dir, objective):
     """Parameters after one update on the same batch, for three layouts of the same step."""
     batch = training_batch(ROWS, seed=0)
     results = {}
-    for name, world, micro in [("w2_micro4", 2, 4), ("w2_micro1", 2, 1), ("w1_micro4", 1, 4)]:
-        config = adam_actor(ppo_mini_batch_size=ROWS, ppo_micro_batch_size=micro)
+    layouts = [
+        ("w2_micro4", 2, 4, False),
+        ("w2_micro1", 2, 1, False),
+        ("w1_micro4", 1, 4, False),
+        ("w2_micro1_gather_once", 2, 1, True),
+    ]
+    for name, world, micro, gather_once in layouts:
+        config = adam_actor(
+            ppo_mini_batch_size=ROWS, ppo_micro_batch_size=micro, gather_once_per_mini_batch=gather_once
+        )
         group, pool = actor_group(policy_dir, world, config, name=name)
         metrics = group.update_actor(batch, temperature=1.0, loss_fn=objective)
         results[name] = (group.gather_full_state()[0], metrics[0])
@@ -104,7 +112,9 @@ def test_update_does_not_depend_on_micro_batch_or_world_size(updated):
     base, base_metrics = results["w2_micro4"]
     assert_same_weights(results["w2_micro1"][0], base, ATOL)
     assert_same_weights(results["w1_micro4"][0], base, ATOL)
-    for name in ("w2_micro1", "w1_micro4"):
+    # Four micro-batches per rank accumulated on gathered weights, one reduce-scatter: the same step.
+    assert_same_weights(results["w2_micro1_gather_once"][0], base, ATOL)
+    for name in ("w2_micro1", "w1_micro4", "w2_micro1_gather_once"):
         metrics = results[name][1]
         assert metrics["actor/pg_loss"] == pytest.approx(base_metrics["actor/pg_loss"], abs=1e-6)
         assert metrics["actor/clip_frac"] == pytest.approx(base_metrics["actor/clip_frac"], abs=1e-6)
