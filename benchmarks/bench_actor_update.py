@@ -15,8 +15,8 @@ then also print their model FLOP/s as a fraction of this machine's stored matmul
 (`hybridflow.metrics.efficiency`, ``python benchmarks/bench_machine_peak.py``), counting every row's prompt
 (the update's own count shares a group's prompt on the packed side). ``--profile`` prints the operators
 that took the most time in one of our updates. ``--keep-freed-host-memory`` sets
-``actor.keep_freed_host_memory`` (for the whole process: the plain loop gets it too). ``--gather-once`` also times a second actor with
-``actor.gather_once_per_mini_batch`` (the FSDP2 weights gathered once per optimizer step instead of
+``actor.keep_freed_host_memory`` (for the whole process: the plain loop gets it too). ``--gather-once``
+also times a second actor with ``actor.gather_once_per_mini_batch`` (the FSDP2 weights gathered once per optimizer step instead of
 twice per micro-batch), the two actors' calls alternating, and prints the ratio.
 
     python benchmarks/bench_actor_update.py [--threads 2] [--rounds 5] [--dtype float32]
@@ -131,17 +131,18 @@ def main() -> None:
         lr=1e-4, weight_decay=0.0, param_dtype=args.dtype, keep_freed_host_memory=args.keep_freed_host_memory,
     )  # fmt: skip
     derived = ActorDerived(model_path=str(model_dir), objective=config.objective(), with_ref=False)
-    actor = ActorRolloutRefWorker(
-        config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived
-    )  # fmt: skip
-    actor.init_model()
+
+    def built_actor(actor_config: ActorConfig) -> ActorRolloutRefWorker:
+        worker = ActorRolloutRefWorker(actor_config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived)
+        worker.init_model()
+        return worker
+
+    actor = built_actor(config)
     tokens = int(batch["attention_mask"].sum() + batch["response_mask"].sum())
     padded = rows * (batch["input_ids"].shape[1] + batch["responses"].shape[1])
     print(f"{rows} rows, {tokens} valid tokens ({padded} padded), {args.threads} threads")
     if args.gather_once:
-        once_config = dataclasses.replace(config, gather_once_per_mini_batch=True)
-        gathered = ActorRolloutRefWorker(once_config, RefConfig(), RolloutConfig(engine="hf"), ReshardingConfig(), derived)
-        gathered.init_model()
+        gathered = built_actor(dataclasses.replace(config, gather_once_per_mini_batch=True))
         ours, once = timed_alternating(
             [lambda: actor.update_actor(batch, temperature=1.0), lambda: gathered.update_actor(batch, temperature=1.0)],
             args.rounds,
