@@ -75,7 +75,7 @@ from hybridflow.parallel import (
 )
 from hybridflow.protocol import Batch
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
-from hybridflow.resharding.memory import keep_freed_host_memory
+from hybridflow.resharding.memory import keep_freed_host_memory, process_peak_memory_bytes
 from hybridflow.rollout.base import RolloutEngine
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
@@ -89,7 +89,9 @@ from workers.training import (
     build_optimizer,
     clip_and_step,
     gather_full_state,
+    global_max,
     global_sum,
+    gradient_and_optimizer_bytes,
     load_training_state,
     micro_batches,
     mini_batches,
@@ -510,6 +512,10 @@ class ActorRolloutRefWorker(WeightPushing, Worker):
         metrics = {key: value / steps for key, value in totals.items()}
         if skip:
             metrics["actor/rows_skipped"] = global_sum((~carries_advantage(batch)).sum())
+        # Largest rank: what decides whether a run fits.
+        held = gradient_and_optimizer_bytes(self.model, self.optimizer)
+        metrics["memory/actor_grad_optimizer_mb"] = global_max(held) / 2**20
+        metrics["memory/actor_process_peak_mb"] = global_max(process_peak_memory_bytes(self.device)) / 2**20
         return metrics
 
     def _train_mini_batch(

@@ -32,6 +32,7 @@ __all__ = [
     "gather_full_state",
     "global_max",
     "global_sum",
+    "gradient_and_optimizer_bytes",
     "load_training_state",
     "micro_batches",
     "mini_batches",
@@ -131,6 +132,27 @@ def global_sum(value: float | torch.Tensor) -> float:
 def global_max(value: float | torch.Tensor) -> float:
     """Largest ``value`` over all ranks of the default process group."""
     return _all_reduce(value, dist.ReduceOp.MAX)
+
+
+def gradient_and_optimizer_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this rank holds in gradients and optimizer state: the local shard of every ``.grad`` and
+    of every tensor in ``optimizer.state`` (AdamW: two moments and a step per trained parameter).
+
+    The memory that LoRA saves: only trained parameters have either.
+    """
+
+    def local_bytes(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
+
+    grads = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    state = sum(
+        local_bytes(value)
+        for per_param in optimizer.state.values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor)
+    )
+    return grads + state
 
 
 class LogProbGap:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import resource
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -21,6 +22,7 @@ __all__ = [
     "PeakMemoryTracker",
     "current_memory_bytes",
     "keep_freed_host_memory",
+    "process_peak_memory_bytes",
     "return_freed_host_memory",
     "trim_host_memory_above",
 ]
@@ -95,6 +97,15 @@ def current_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
     return _rss_bytes()
+
+
+def process_peak_memory_bytes(device: torch.device) -> int:
+    """The most memory this process has held since it started (bytes): the CUDA allocator's peak on
+    GPU, the kernel's high-water mark of the resident set (``ru_maxrss``) on CPU, where it counts
+    everything in the process (an engine sharing it included)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 class PeakMemoryTracker:

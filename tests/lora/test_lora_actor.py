@@ -134,7 +134,11 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(adapters_run):
     metadata = FileSystemReader(str(adapters_run["checkpoint"] / "actor_dcp")).read_metadata()
     keys = [key for key in metadata.state_dict_metadata if key.startswith(("model.", "optim.state."))]
     assert keys and all(is_adapter_name(key) for key in keys)
-    assert adapters_run["resumed_update_2"] == adapters_run["update_2"]
+    # All but the process's memory high-water mark (the same processes, later: it can only have grown).
+    for resumed, uninterrupted in zip(adapters_run["resumed_update_2"], adapters_run["update_2"], strict=True):
+        resumed, uninterrupted = dict(resumed), dict(uninterrupted)
+        assert resumed.pop("memory/actor_process_peak_mb") >= uninterrupted.pop("memory/actor_process_peak_mb")
+        assert resumed == uninterrupted
     assert torch.equal(adapters_run["resumed_lp_2"], adapters_run["lp_2"])
 
 
@@ -172,3 +176,16 @@ def test_a_plain_engine_gets_merged_weights(ray_cluster, policy_dir):
     assert metrics["resharding/to_inference_streamed_mb"] * 2**20 == base_bytes
     assert engine_gap(rollouts, trained) < 1e-4
     assert engine_gap(rollouts, reference) > 0.05
+
+
+def test_the_update_reports_the_adapters_gradient_and_optimizer_memory(adapters_run):
+    metrics = adapters_run["update_1"][0]
+    adapters = adapter_bytes(adapters_run["state_1"])
+    base = sum(t.numel() * t.element_size() for t in adapters_run["state_1"].values()) - adapters
+    held = metrics["memory/actor_grad_optimizer_mb"] * 2**20
+    # A gradient and AdamW's two moments per adapter weight, sharded over 2 ranks (rank 0 holds the
+    # larger half of an odd split: rank 3's A has 2 of its 3 rows there), plus a step per parameter.
+    assert 1.5 * adapters <= held <= 2.0 * adapters + 8 * 2 * 2 * len(LORA.target_modules)
+    assert held < 0.1 * base  # the frozen base weights have neither
+    # ru_maxrss is in KiB: a process holding torch and the model is hundreds of MiB, not hundreds of KiB.
+    assert 100 < metrics["memory/actor_process_peak_mb"] < 100_000
