@@ -17,7 +17,9 @@ then also print their model FLOP/s as a fraction of this machine's stored matmul
 that took the most time in one of our updates. ``--keep-freed-host-memory`` sets
 ``actor.keep_freed_host_memory`` (for the whole process: the plain loop gets it too). ``--gather-once``
 also times a second actor with ``actor.gather_once_per_mini_batch`` (the FSDP2 weights gathered once per optimizer step instead of
-twice per micro-batch), the two actors' calls alternating, and prints the ratio.
+twice per micro-batch), the two actors' calls alternating, and prints the ratio; ``--lora-rank R`` likewise
+times an actor that trains LoRA adapters of rank ``R`` (alpha ``2 R``, all seven projections) on the same
+model, and ``--profile`` then profiles each actor.
 
     python benchmarks/bench_actor_update.py [--threads 2] [--rounds 5] [--dtype float32]
     python benchmarks/bench_actor_update.py --model .cache/recipes/smollm2/model --shape 8,8,40,48,8 \
@@ -46,7 +48,8 @@ from bench_zero_advantage_skip import grpo_batch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from hybridflow.data.char_tokenizer import build_char_tokenizer  # noqa: E402
-from hybridflow.metrics.efficiency import device_name, forward_flops, load_machine_peak  # noqa: E402
+from hybridflow.lora import LoraConfig, is_adapter_name  # noqa: E402
+from hybridflow.metrics.efficiency import device_name, load_machine_peak, training_flops  # noqa: E402
 from hybridflow.models import build_tiny_causal_lm, save_model_dir  # noqa: E402
 from hybridflow.planning.model_shape import ModelShape  # noqa: E402
 from hybridflow.protocol import Batch  # noqa: E402
@@ -117,6 +120,9 @@ def main() -> None:
     parser.add_argument(
         "--keep-freed-host-memory", action="store_true", help="actor.keep_freed_host_memory (this process)"
     )
+    parser.add_argument(
+        "--lora-rank", type=int, help="also time an actor with actor.lora of this rank (alpha 2 x rank), alternating"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
@@ -141,19 +147,24 @@ def main() -> None:
     tokens = int(batch["attention_mask"].sum() + batch["response_mask"].sum())
     padded = rows * (batch["input_ids"].shape[1] + batch["responses"].shape[1])
     print(f"{rows} rows, {tokens} valid tokens ({padded} padded), {args.threads} threads")
+    others = {}
     if args.gather_once:
-        gathered = built_actor(dataclasses.replace(config, gather_once_per_mini_batch=True))
-        ours, once = timed_alternating(
-            [lambda: actor.update_actor(batch, temperature=1.0), lambda: gathered.update_actor(batch, temperature=1.0)],
-            args.rounds,
+        others["ours, gathered once per mini-batch"] = built_actor(
+            dataclasses.replace(config, gather_once_per_mini_batch=True)
         )
-    else:
-        ours = timed(lambda: actor.update_actor(batch, temperature=1.0), args.rounds)
+    if args.lora_rank:
+        lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank)
+        others[f"ours, LoRA rank {args.lora_rank}"] = built_actor(dataclasses.replace(config, lora=lora))
+    actors = {"ours": actor, **others}
+    seconds = timed_alternating(
+        [lambda worker=worker: worker.update_actor(batch, temperature=1.0) for worker in actors.values()], args.rounds
+    )
+    ours = seconds[0]
     print(f"ours  update_actor (1 rank, packed, {args.dtype}):  {ours:.3f} s")
     sides = {"ours": (ours, args.dtype)}
-    if args.gather_once:
-        print(f"ours, gathered once per mini-batch:  {once:.3f} s ({ours / once:.2f}x)")
-        sides["ours, gathered once"] = (once, args.dtype)
+    for side, other in zip(others, seconds[1:], strict=True):
+        print(f"{side}:  {other:.3f} s ({ours / other:.2f}x)")
+        sides[side] = (other, args.dtype)
     if not args.no_plain:
         plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.plain_dtype))
         optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0)
@@ -161,11 +172,17 @@ def main() -> None:
         print(f"plain padded loop ({args.plain_dtype}):  {baseline:.3f} s")
         print(f"plain / ours: {baseline / ours:.2f}x")
         sides["plain"] = (baseline, args.plain_dtype)
-    print_fraction_of_peak(model_dir, batch, sides)
+    adapters = {
+        side: sum(p.numel() for name, p in worker.model.named_parameters() if is_adapter_name(name))
+        for side, worker in actors.items()
+    }
+    print_fraction_of_peak(model_dir, batch, sides, adapters)
     if args.profile:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-            actor.update_actor(batch, temperature=1.0)
-        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        for side, worker in actors.items():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                worker.update_actor(batch, temperature=1.0)
+            print(f"{side}:")
+            print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     dist.destroy_process_group()
 
 
@@ -182,14 +199,16 @@ def tiny_model_dir() -> Path:
     return model_dir
 
 
-def print_fraction_of_peak(model_dir: Path, batch: Batch, sides: dict[str, tuple[float, str]]) -> None:
-    """Each side's training FLOP/s (3 forwards' worth, every row's prompt counted) against the stored
-    matmul peak of its dtype on this machine."""
+def print_fraction_of_peak(
+    model_dir: Path, batch: Batch, sides: dict[str, tuple[float, str]], adapters: dict[str, int]
+) -> None:
+    """Each side's training FLOP/s (`training_flops`, every row's prompt counted; a LoRA side's frozen
+    weights get no weight gradient) against the stored matmul peak of its dtype on this machine."""
     shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
-    flops = 3.0 * forward_flops(shape, batch["attention_mask"].sum(-1), batch["response_mask"].sum(-1))
+    lengths = batch["attention_mask"].sum(-1), batch["response_mask"].sum(-1)
     peak = load_machine_peak(device_name())
     for side, (seconds, dtype) in sides.items():
-        rate = flops / seconds
+        rate = training_flops(shape, *lengths, adapter_parameters=adapters.get(side, 0)) / seconds
         fraction = f"{rate / peak.matmul_flops[dtype]:.3f} of the {dtype} peak" if peak else "no stored peak"
         print(f"{side}: {rate / 1e9:.1f} GFLOP/s, {fraction}")
 

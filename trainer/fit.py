@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from hybridflow.lora import LoraConfig
 from hybridflow.metrics import step_metrics, throughput_metrics
 from hybridflow.metrics.efficiency import (
     MachinePeak,
@@ -36,7 +37,7 @@ from hybridflow.metrics.efficiency import (
     phase_efficiency,
 )
 from hybridflow.metrics.monitor import TrainingAlarm
-from hybridflow.planning import ModelShape
+from hybridflow.planning import ModelShape, lora_shapes
 from hybridflow.protocol import Batch
 from hybridflow.row_order import carries_advantage
 from trainer.config import ConfigError
@@ -275,7 +276,8 @@ class MachineLimits:
     """What `run_step` holds each phase against: the policy's ``shape``, the machine's measured ``peak``,
     the training layout's ``compute_dtype``, the engine's ``engine_dtype``, the number of ``engines``, and
     whether the actor's forwards run each prompt once for all its samples (``shared_prefix``: packed
-    forwards under the varlen SDPA attention, `workers.actor.sequence_log_probs`)."""
+    forwards under the varlen SDPA attention, `workers.actor.sequence_log_probs`), and the parameters of
+    its LoRA adapters (``adapter_parameters``, 0 without ``actor.lora``)."""
 
     shape: ModelShape
     peak: MachinePeak
@@ -283,6 +285,14 @@ class MachineLimits:
     engine_dtype: str
     engines: int
     shared_prefix: bool
+    adapter_parameters: int
+
+
+def adapter_parameters(shape: ModelShape, lora: LoraConfig | None) -> int:
+    """Parameters of the LoRA adapters ``lora`` adds to a model of ``shape`` (0 for ``None``)."""
+    if lora is None:
+        return 0
+    return sum(math.prod(dims) for dims in lora_shapes(shape, lora.target_modules, lora.rank).values())
 
 
 def machine_limits(runtime: Runtime) -> MachineLimits | None:
@@ -317,6 +327,7 @@ def machine_limits(runtime: Runtime) -> MachineLimits | None:
         # Half precision on a GPU trains under flash-attn (hybridflow.parallel.choose_attn_implementation),
         # which runs every row's prompt; elsewhere packed forwards share each prompt.
         shared_prefix=config.actor.use_packing and not (on_gpu and compute_dtype != "float32"),
+        adapter_parameters=adapter_parameters(shape, config.actor.lora),
     )
 
 
@@ -340,4 +351,5 @@ def _efficiency(
         engine_dtype=limits.engine_dtype,
         engines=limits.engines,
         prompt_ids=rollouts["input_ids"] if limits.shared_prefix and "input_ids" in rollouts else None,
+        adapter_parameters=limits.adapter_parameters,
     )

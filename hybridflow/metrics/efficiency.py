@@ -11,6 +11,8 @@ sequence of ``s`` tokens has ``s (s + 1) / 2`` such pairs, so its forward adds `
 and a training pass 3x that. The count is of the causal pairs, the useful work, not the full ``s^2``
 of the PaLM formula: figures for long sequences sit below PaLM-style ones. Where the forwards run each
 prompt once for all its samples (shared-prefix forwards, the CPU default), a prompt is counted once.
+With LoRA the frozen base weights get no weight gradient: an update costs ``4 N`` per token for them and
+``6`` per adapter parameter (`training_flops`).
 
 Decoding is bound by memory: every decode step reads all weights once, whatever the batch, and each
 sequence reads its keys and values up to its position. Bytes of a generation =
@@ -83,29 +85,57 @@ def matmul_parameters(shape: ModelShape) -> int:
     return shape.num_layers * (attention + mlp) + shape.hidden_size * shape.vocab_size
 
 
-def forward_flops(
-    shape: ModelShape, prompt_lengths: Tensor, response_lengths: Tensor, repeated_prompt: Tensor | None = None
-) -> float:
-    """Model FLOPs of one forward over rows of ``prompt_lengths [rows]`` + ``response_lengths [rows]``
-    tokens: ``2 N`` per token plus ``4 L q_dim`` per causal (query, key) pair (module docstring).
-
-    ``repeated_prompt [rows]`` (bool) marks rows whose prompt the forward already ran for another row of
-    the same prompt (shared-prefix forwards, `hybridflow.parallel.shared_prefix`): their prompt tokens
-    and the prompt's own pairs are not counted again, only their response's tokens and pairs.
-    """
+def _tokens_and_pairs(
+    prompt_lengths: Tensor, response_lengths: Tensor, repeated_prompt: Tensor | None
+) -> tuple[float, float]:
+    """Tokens a forward runs and their causal (query, key) pairs, each shared prompt counted once."""
     prompts, responses = prompt_lengths.double(), response_lengths.double()
     own = torch.ones_like(prompts) if repeated_prompt is None else (~repeated_prompt).double()
     tokens = (own * prompts + responses).sum().item()
     # pairs of a sequence of s = p + r tokens, s (s + 1) / 2, split into the prompt's and the response's
     pairs = (own * prompts * (prompts + 1) / 2 + responses * prompts + responses * (responses + 1) / 2).sum().item()
-    return 2.0 * matmul_parameters(shape) * tokens + 4.0 * shape.num_layers * shape.q_dim * pairs
+    return tokens, pairs
+
+
+def forward_flops(
+    shape: ModelShape,
+    prompt_lengths: Tensor,
+    response_lengths: Tensor,
+    repeated_prompt: Tensor | None = None,
+    adapter_parameters: int = 0,
+) -> float:
+    """Model FLOPs of one forward over rows of ``prompt_lengths [rows]`` + ``response_lengths [rows]``
+    tokens: ``2 N`` per token plus ``4 L q_dim`` per causal (query, key) pair (module docstring), where
+    ``N`` adds the ``adapter_parameters`` of LoRA adapters (each a matmul of its own) to the model's.
+
+    ``repeated_prompt [rows]`` (bool) marks rows whose prompt the forward already ran for another row of
+    the same prompt (shared-prefix forwards, `hybridflow.parallel.shared_prefix`): their prompt tokens
+    and the prompt's own pairs are not counted again, only their response's tokens and pairs.
+    """
+    tokens, pairs = _tokens_and_pairs(prompt_lengths, response_lengths, repeated_prompt)
+    matmul = matmul_parameters(shape) + adapter_parameters
+    return 2.0 * matmul * tokens + 4.0 * shape.num_layers * shape.q_dim * pairs
 
 
 def training_flops(
-    shape: ModelShape, prompt_lengths: Tensor, response_lengths: Tensor, repeated_prompt: Tensor | None = None
+    shape: ModelShape,
+    prompt_lengths: Tensor,
+    response_lengths: Tensor,
+    repeated_prompt: Tensor | None = None,
+    adapter_parameters: int = 0,
 ) -> float:
-    """Model FLOPs of a forward and backward over the same rows: 3x `forward_flops`."""
-    return 3.0 * forward_flops(shape, prompt_lengths, response_lengths, repeated_prompt)
+    """Model FLOPs of a forward and backward over the same rows.
+
+    Full fine-tuning (``adapter_parameters=0``): 3x `forward_flops`, the backward computing each
+    matmul's input gradient and its weight gradient. With LoRA the base weights are frozen, so their
+    weight gradients are not computed: ``4 N`` per token for the base, ``6`` per token for each of the
+    ``adapter_parameters``, and 3x the forward's attention (its backward has no weights to skip).
+    """
+    if adapter_parameters == 0:
+        return 3.0 * forward_flops(shape, prompt_lengths, response_lengths, repeated_prompt)
+    tokens, pairs = _tokens_and_pairs(prompt_lengths, response_lengths, repeated_prompt)
+    matmul = 4.0 * matmul_parameters(shape) + 6.0 * adapter_parameters
+    return matmul * tokens + 3.0 * 4.0 * shape.num_layers * shape.q_dim * pairs
 
 
 def repeated_prompts(input_ids: Tensor) -> Tensor:
@@ -244,6 +274,7 @@ def phase_efficiency(
     engine_dtype: str,
     engines: int,
     prompt_ids: Tensor | None = None,
+    adapter_parameters: int = 0,
 ) -> dict[str, float]:
     """Each timed phase's model FLOP/s (or bytes/s) and its fraction of ``peak``.
 
@@ -260,6 +291,8 @@ def phase_efficiency(
         engines: rollout engines decoding at once.
         prompt_ids: ``[rows, prompt_len]``, each row's prompt ids, when the training layout's forwards
             run each prompt once for all its rows (shared-prefix forwards); ``None`` counts every row's.
+        adapter_parameters: the actor's LoRA adapter parameters (0: full fine-tuning); the update then
+            computes no weight gradient of the frozen base (`training_flops`).
 
     Returns:
         ``perf/<phase>_flops_per_s`` and ``perf/mfu_<phase>`` for ``update``, ``log_prob`` and ``ref``;
@@ -269,11 +302,14 @@ def phase_efficiency(
     matmul_peak = peak.matmul_flops.get(compute_dtype)
     every = torch.ones_like(updated_rows)
 
-    def counted(rows: Tensor, passes: float) -> float:
+    def counted(rows: Tensor, count: Callable[..., float]) -> float:
         repeated = None if prompt_ids is None else repeated_prompts(prompt_ids[rows])
-        return passes * forward_flops(shape, prompt_lengths[rows], response_lengths[rows], repeated)
+        return count(shape, prompt_lengths[rows], response_lengths[rows], repeated, adapter_parameters)
 
-    work = {"update": counted(updated_rows, 3.0 * update_passes), "log_prob": counted(every, 1.0)}
+    work = {
+        "update": update_passes * counted(updated_rows, training_flops),
+        "log_prob": counted(every, forward_flops),
+    }
     work["ref"] = work["log_prob"]
     out: dict[str, float] = {}
     for phase, flops in work.items():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from hybridflow.lora import LoraConfig, add_adapters, is_adapter_name
 from hybridflow.metrics.efficiency import (
     MachinePeak,
     decode_bytes,
@@ -26,6 +27,7 @@ from hybridflow.metrics.efficiency import (
 )
 from hybridflow.models import build_tiny_causal_lm
 from hybridflow.planning import ModelShape, count_parameters
+from trainer.fit import adapter_parameters
 
 SHAPE = ModelShape(
     model_type="qwen2",
@@ -76,6 +78,31 @@ def test_counts_match_torchs_flop_counter_on_a_real_forward(backward):
     assert ours - causal_attention == counted - full_attention
 
 
+def test_lora_training_count_matches_torchs_flop_counter():
+    """With LoRA the frozen base weights get no weight gradient: torch's counter sees ``4 N`` per token for
+    them and ``6`` per adapter parameter, which a full-fine-tuning count (``6 N``) would overstate."""
+    model = build_tiny_causal_lm(
+        vocab_size=50, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96
+    )
+    model.config._attn_implementation = "eager"
+    add_adapters(model, LoraConfig(rank=4))
+    adapters = sum(p.numel() for name, p in model.named_parameters() if is_adapter_name(name))
+    assert adapters == adapter_parameters(SHAPE, LoraConfig(rank=4))  # what a run's perf/mfu_update counts
+    assert adapter_parameters(SHAPE, None) == 0
+    length = 12
+    # Inputs that need a gradient, as a later layer's do: otherwise the first layer would skip its
+    # input gradients, which no real model (whose first layer feeds the rest) can.
+    embeds = model.get_input_embeddings()(torch.randint(3, 50, (1, length))).detach().requires_grad_()
+    with FlopCounterMode(display=False) as counter:
+        model(inputs_embeds=embeds).logits.sum().backward()
+    full_attention = 3 * 4 * SHAPE.num_layers * SHAPE.q_dim * length * length
+    causal_attention = 3 * 2 * SHAPE.num_layers * SHAPE.q_dim * length * (length + 1)
+    ours = training_flops(SHAPE, torch.tensor([length - 5]), torch.tensor([5]), adapter_parameters=adapters)
+    assert ours - causal_attention == counter.get_total_flops() - full_attention
+    full = training_flops(SHAPE, torch.tensor([length - 5]), torch.tensor([5]))
+    assert full - ours == 2 * matmul_parameters(SHAPE) * length - 3 * 2 * adapters * length
+
+
 def test_decode_bytes_by_hand():
     # 2 rows: prompts 3 and 5 tokens, responses 2 and 4; bf16; weights read 4 steps by 1 engine.
     got = decode_bytes(SHAPE, torch.tensor([3, 5]), torch.tensor([2, 4]), "bfloat16")
@@ -104,6 +131,21 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
     )
     update = training_flops(SHAPE, prompts[updated], responses[updated])
     assert out["perf/mfu_update"] == pytest.approx(2 * update / 2.0 / 4e9)
+    lora = phase_efficiency(
+        SHAPE,
+        peak,
+        {"update": 2.0},
+        prompt_lengths=prompts,
+        response_lengths=responses,
+        updated_rows=updated,
+        update_passes=2,
+        compute_dtype="bfloat16",
+        engine_dtype="float32",
+        engines=1,
+        adapter_parameters=1000,
+    )
+    update = training_flops(SHAPE, prompts[updated], responses[updated], adapter_parameters=1000)
+    assert lora["perf/mfu_update"] == pytest.approx(2 * update / 2.0 / 4e9)
     assert out["perf/mfu_log_prob"] == pytest.approx(forward_flops(SHAPE, prompts, responses) / 0.5 / 4e9)
     assert out["perf/generation_bandwidth_frac"] == pytest.approx(
         decode_bytes(SHAPE, prompts, responses, "float32") / 0.25 / 1e8
