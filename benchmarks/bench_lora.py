@@ -29,7 +29,7 @@ import torch
 
 from hybridflow.lora import LoraConfig, add_adapters
 from hybridflow.models import build_tiny_causal_lm
-from hybridflow.parallel import build_meshes, shard_model
+from hybridflow.parallel import build_meshes, local_bytes, shard_model
 from hybridflow.parallel.launch import run_ranks
 from hybridflow.resharding.manager import ReshardingConfig, ReshardingManager
 from hybridflow.rollout.hf_engine import HFRolloutEngine
@@ -41,11 +41,6 @@ SIZES = {
 }
 VOCAB = 64
 MODES = ("full", "lora-adapters", "lora-merged")
-
-
-def _local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()
 
 
 def _measure(rank: int, world: int, size: str, mode: str, lora_rank: int, rows: int, length: int, pushes: int):
@@ -65,9 +60,9 @@ def _measure(rank: int, world: int, size: str, mode: str, lora_rank: int, rows: 
     ids = torch.randint(3, VOCAB, (rows, length), generator=generator)
     logits = model(input_ids=ids).logits
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)).backward()
-    grad_bytes = sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    grad_bytes = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
     optimizer.step()
-    optimizer_bytes = sum(_local_bytes(v) for state in optimizer.state.values() for v in state.values())
+    optimizer_bytes = sum(local_bytes(v) for state in optimizer.state.values() for v in state.values())
     engine_model = build_tiny_causal_lm(VOCAB, **sizes, seed=0)
     engine = HFRolloutEngine(engine_model, [2], 0, lora=lora if mode == "lora-adapters" else None)
     manager = ReshardingManager(model, engine, optimizer, ReshardingConfig(), torch.device("cpu"), lora=lora)

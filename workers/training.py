@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from hybridflow.parallel import (
     agree_micro_batch_count,
     iter_full_state,
+    local_bytes,
     plan_micro_batches,
     process_group_device_plan,
 )
@@ -140,11 +141,6 @@ def gradient_and_optimizer_bytes(model: nn.Module, optimizer: torch.optim.Optimi
 
     The memory that LoRA saves: only trained parameters have either.
     """
-
-    def local_bytes(tensor: torch.Tensor) -> int:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        return local.numel() * local.element_size()
-
     grads = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
     state = sum(
         local_bytes(value)

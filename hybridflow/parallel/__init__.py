@@ -41,6 +41,7 @@ from hybridflow.parallel.offload import (
     free_gradients,
     load_fsdp_params,
     load_optimizer_state,
+    local_bytes,
     offload_fsdp_params,
     offload_optimizer_state,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "iter_full_state",
     "load_fsdp_params",
     "load_optimizer_state",
+    "local_bytes",
     "local_device_plan",
     "mesh_dp_rank_info",
     "offload_fsdp_params",

@@ -34,7 +34,8 @@ class TransferStats:
     seconds: float
 
 
-def _local_bytes(tensor: torch.Tensor) -> int:
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of this rank's part of ``tensor``: its local shard for a DTensor (FSDP2), else all of it."""
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.numel() * local.element_size()
 
@@ -64,7 +65,7 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
                 if not isinstance(value, torch.Tensor):
                     continue
                 target = torch.device("cpu") if key == "step" and keep_step_on_host else device
-                nbytes = _local_bytes(value)
+                nbytes = local_bytes(value)
                 tensors += 1
                 bytes_total += nbytes
                 if value.device != target:
@@ -90,7 +91,7 @@ def free_gradients(model: nn.Module) -> int:
     freed = 0
     for param in model.parameters():
         if param.grad is not None:
-            freed += _local_bytes(param.grad)
+            freed += local_bytes(param.grad)
             param.grad = None
     return freed
 
@@ -102,7 +103,7 @@ def _move_module(model: nn.Module, device: torch.device) -> TransferStats:
     tensors = bytes_total = bytes_moved = 0
     touched: set[torch.device] = set()
     for tensor in _param_and_grad_tensors(model):
-        nbytes = _local_bytes(tensor)
+        nbytes = local_bytes(tensor)
         tensors += 1
         bytes_total += nbytes
         if tensor.device != device:

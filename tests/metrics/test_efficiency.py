@@ -117,33 +117,26 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
     peak = MachinePeak("test", {"float32": 1e9, "bfloat16": 4e9}, copy_bytes_per_s=1e8)
     prompts, responses = torch.tensor([3, 5, 4]), torch.tensor([2, 4, 1])
     updated = torch.tensor([True, False, True])
-    out = phase_efficiency(
-        SHAPE,
-        peak,
-        {"update": 2.0, "log_prob": 0.5, "generation": 0.25, "reward": 9.0},
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        updated_rows=updated,
-        update_passes=2,
-        compute_dtype="bfloat16",
-        engine_dtype="float32",
-        engines=1,
-    )
+
+    def efficiency(seconds: dict[str, float], compute_dtype: str = "bfloat16", **kwargs) -> dict[str, float]:
+        return phase_efficiency(
+            SHAPE,
+            peak,
+            seconds,
+            prompt_lengths=prompts,
+            response_lengths=responses,
+            updated_rows=updated,
+            update_passes=2,
+            compute_dtype=compute_dtype,
+            engine_dtype="float32",
+            engines=1,
+            **kwargs,
+        )
+
+    out = efficiency({"update": 2.0, "log_prob": 0.5, "generation": 0.25, "reward": 9.0})
     update = training_flops(SHAPE, prompts[updated], responses[updated])
     assert out["perf/mfu_update"] == pytest.approx(2 * update / 2.0 / 4e9)
-    lora = phase_efficiency(
-        SHAPE,
-        peak,
-        {"update": 2.0},
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        updated_rows=updated,
-        update_passes=2,
-        compute_dtype="bfloat16",
-        engine_dtype="float32",
-        engines=1,
-        adapter_parameters=1000,
-    )
+    lora = efficiency({"update": 2.0}, adapter_parameters=1000)
     update = training_flops(SHAPE, prompts[updated], responses[updated], adapter_parameters=1000)
     assert lora["perf/mfu_update"] == pytest.approx(2 * update / 2.0 / 4e9)
     assert out["perf/mfu_log_prob"] == pytest.approx(forward_flops(SHAPE, prompts, responses) / 0.5 / 4e9)
@@ -151,18 +144,7 @@ def test_phase_efficiency_divides_each_phase_by_its_peak():
         decode_bytes(SHAPE, prompts, responses, "float32") / 0.25 / 1e8
     )
     assert "perf/mfu_ref" not in out  # not timed this step
-    float16 = phase_efficiency(
-        SHAPE,
-        peak,
-        {"update": 2.0},
-        prompt_lengths=prompts,
-        response_lengths=responses,
-        updated_rows=updated,
-        update_passes=2,
-        compute_dtype="float16",
-        engine_dtype="float32",
-        engines=1,
-    )
+    float16 = efficiency({"update": 2.0}, compute_dtype="float16")
     assert float16 == {"perf/update_flops_per_s": out["perf/update_flops_per_s"]}  # no float16 peak stored
 
 
