@@ -160,7 +160,9 @@ class Runtime:
         )
         self.timer = PhaseTimer()
         self.monitor = TrainingMonitor(
-            config.monitor, optimizer_steps_per_batch=self.sizes.actor.optimizer_steps_per_step
+            config.monitor,
+            optimizer_steps_per_batch=self.sizes.actor.optimizer_steps_per_step,
+            loss_agg_mode=config.actor.loss_agg_mode,
         )
         self.step = 0
         self.step_metrics: dict[str, float] = {}

@@ -137,6 +137,34 @@ def test_length_rising_while_accuracy_is_flat(healthy):
     assert "monitor/hacking/length_rise" not in outputs[TREND - 1]  # no judgement before a full window
 
 
+@pytest.mark.parametrize(
+    ("case", "loss_agg_mode", "correct", "fires"),
+    [
+        ("per-sequence mean, sparse reward", "seq-mean-token-mean", 1, True),
+        ("token mean, sparse reward", "token-mean", 1, True),
+        ("rewards plentiful", "seq-mean-token-mean", 5, False),
+    ],
+)
+def test_length_growing_without_reward_names_the_cause_and_the_keys(caplog, case, loss_agg_mode, correct, fires):
+    config = MonitorConfig(length_growth_window=5)
+    monitor = TrainingMonitor(config, loss_agg_mode=loss_agg_mode)
+    # Lengths 20, 30, 40, 50, 60 with 1 of 10 right (sparse) or 5 of 10 right.
+    steps = [(step, lengths_batch(10 + 10 * step, correct), {}) for step in range(1, 6)]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outputs = observe_all(monitor, steps)
+    assert outputs[5]["monitor/diag/length_growth"] == pytest.approx(40 / 40)  # fitted rise 40 over mean 40
+    assert "monitor/diag/length_growth" not in outputs[4]  # no judgement before a full window
+    assert alarm_steps(outputs, "length_growth") == ([5] if fires else [])
+    messages = [r.getMessage() for r in caplog.records if "responses grew" in r.getMessage()]
+    assert len(messages) == (1 if fires else 0), case
+    if fires:
+        assert "20 -> 60 tokens" in messages[0] and "10%" in messages[0]
+        assert "overlong_penalty" in messages[0]
+        per_sequence = loss_agg_mode == "seq-mean-token-mean"
+        assert ("length bias of actor.loss_agg_mode=seq-mean-token-mean" in messages[0]) == per_sequence
+        assert ("actor.loss_agg_mode=token-mean" in messages[0]) == per_sequence
+
+
 def format_batch(formatted: int, correct: int, rows: int = 10) -> Batch:
     texts = [FORMATTED if row < formatted else "5" for row in range(rows)]
     return Batch({"scores": (torch.arange(rows) < correct).float()}, {"response_text": texts})
@@ -405,7 +433,7 @@ def test_every_monitor_metric_is_documented():
     outputs = observe_all(TrainingMonitor(config), (rich_step(step) for step in range(1, 6)))
     outputs[6] = TrainingMonitor(config).observe(6, Batch(), {"actor/entropy": 1.0})
     names = {name.replace("/src", "/<source>") for out in outputs.values() for name in out}
-    assert len(names) == 17 + len(ALARMS) + len(DIAGNOSTICS)
+    assert len(names) == 18 + len(ALARMS) + len(DIAGNOSTICS)
     text = DOCS.read_text()
     missing = sorted(name for name in names if f"`{name}`" not in text)
     assert not missing, f"docs/metrics.md lacks {missing}"

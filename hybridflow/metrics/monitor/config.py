@@ -39,7 +39,9 @@ class MonitorConfig:
     empty, or bytes), for ``malformed_reward_patience`` steps in a row.
 
     Diagnostics: equal-reward groups at ``zero_advantage_frac``, truncated responses at
-    ``truncation_frac``, entropy (``entropy_key``) under ``entropy_floor``, clip fraction
+    ``truncation_frac``, mean response length up by ``length_growth`` (relative) over the last
+    ``length_growth_window`` steps while their mean accuracy is at most ``length_growth_accuracy``
+    (length growing without reward), entropy (``entropy_key``) under ``entropy_floor``, clip fraction
     (``clip_frac_key``) at most ``clip_frac_low`` or at least ``clip_frac_high`` for ``clip_patience``
     steps, loss (``loss_key``) exactly 0 when ``warn_zero_loss``.
 
@@ -68,6 +70,9 @@ class MonitorConfig:
     malformed_reward_patience: int | None = config_field(3, ge=1)
     zero_advantage_frac: float | None = config_field(1.0, gt=0, le=1)
     truncation_frac: float | None = config_field(0.5, gt=0, le=1)
+    length_growth: float | None = config_field(0.5, gt=0)
+    length_growth_window: int = config_field(5, ge=2)
+    length_growth_accuracy: float = config_field(0.2, ge=0, le=1)
     entropy_key: str = "actor/entropy"
     entropy_floor: float | None = config_field(0.05, gt=0)
     clip_frac_key: str = "actor/clip_frac"

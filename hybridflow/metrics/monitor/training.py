@@ -77,6 +77,7 @@ well-formed inputs; a reward fed empty responses or empty ground truths does so 
 DIAGNOSTICS = (
     "zero_advantage",
     "truncation",
+    "length_growth",
     "entropy_collapse",
     "clip_frac_zero",
     "clip_frac_high",
@@ -122,6 +123,10 @@ class TrainingAlarm(RuntimeError):
 
 _Record = dict[str, float]
 
+_PER_SEQUENCE_MEAN_MODES = ("seq-mean-token-mean",)
+"""Aggregation modes that divide each response's loss by its own length (the length bias under sparse
+rewards that the ``length_growth`` diagnostic names)."""
+
 _NO_STREAKS = {"clip_frac_zero": 0, "clip_frac_high": 0, "malformed_reward": 0}
 
 
@@ -133,14 +138,20 @@ class TrainingMonitor:
     policy that sampled (or whose old log-probs were just computed), so the policy ratio is 1 and a zero
     clip fraction is what a healthy run shows: the ``clip_frac_zero`` alarm stays silent, and
     ``not_learning`` (a learning rate of 0) is the check that the update can move the policy. ``None``
-    (not known) keeps the ``clip_frac_zero`` alarm on.
+    (not known) keeps the ``clip_frac_zero`` alarm on. ``loss_agg_mode`` is the actor's
+    ``actor.loss_agg_mode``: the ``length_growth`` diagnostic names it as the likely cause when it
+    divides each response's loss by its own length (``None``: not known).
 
     State (the drift windows, the last ``trend_window`` steps' signals, clip-fraction streaks, the
     alarms holding) survives a resume through :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
     def __init__(
-        self, config: MonitorConfig | None = None, *, optimizer_steps_per_batch: int | None = None
+        self,
+        config: MonitorConfig | None = None,
+        *,
+        optimizer_steps_per_batch: int | None = None,
+        loss_agg_mode: str | None = None,
     ) -> None:
         if optimizer_steps_per_batch is not None and optimizer_steps_per_batch < 1:
             raise ValueError(
@@ -148,11 +159,16 @@ class TrainingMonitor:
             )
         self.config = config or MonitorConfig()
         self.optimizer_steps_per_batch = optimizer_steps_per_batch
+        self.loss_agg_mode = loss_agg_mode
         self._drift = RewardDriftTracker(self.config.drift_window, self.config.drift_reference)
-        self._history: deque[_Record] = deque(maxlen=self.config.trend_window)
+        self._history: deque[_Record] = deque(maxlen=self._history_length)
         self._streaks = dict(_NO_STREAKS)
         self._holding: set[str] = set()
         self._format_fn = None if self.config.format_fn is None else _resolve_format_fn(self.config.format_fn)
+
+    @property
+    def _history_length(self) -> int:
+        return max(self.config.trend_window, self.config.length_growth_window)
 
     # ------------------------------------------------------------------ the step
 
@@ -282,13 +298,16 @@ class TrainingMonitor:
                 ) from error
         return total / rows
 
-    def _window(self, *keys: str) -> dict[str, list[float]] | None:
-        """The last ``trend_window`` steps' values of ``keys``, if every one of those steps has them all."""
-        if len(self._history) < self.config.trend_window:
+    def _window(self, *keys: str, steps: int | None = None) -> dict[str, list[float]] | None:
+        """The last ``steps`` (default ``trend_window``) steps' values of ``keys``, if every one of those
+        steps has them all."""
+        steps = self.config.trend_window if steps is None else steps
+        if len(self._history) < steps:
             return None
-        if not all(key in record for record in self._history for key in keys):
+        records = list(self._history)[-steps:]
+        if not all(key in record for record in records for key in keys):
             return None
-        return {key: [record[key] for record in self._history] for key in keys}
+        return {key: [record[key] for record in records] for key in keys}
 
     def _length_hacking(self, accuracy_change: float | None, out: dict[str, float]) -> Alarm | None:
         config = self.config
@@ -395,6 +414,7 @@ class TrainingMonitor:
         alarms = [
             self._zero_advantage(rollouts, out),
             self._truncation(rollouts, out),
+            self._length_growth(out),
             self._entropy_collapse(rollouts, metrics, out),
             *self._clip_fraction(metrics, out),
             self._zero_loss(metrics),
@@ -437,6 +457,43 @@ class TrainingMonitor:
             "hit the length limit: their rewards judge unfinished answers; raise data.max_response_length "
             "or penalise overlong responses",
         )
+
+    def _length_growth(self, out: dict[str, float]) -> Alarm | None:
+        config = self.config
+        window = self._window("length", "accuracy", steps=config.length_growth_window)
+        if window is None:
+            return None
+        mean_length = float(np.mean(window["length"]))
+        rise = window_change(window["length"]) / mean_length if mean_length > 0 else 0.0
+        accuracy = float(np.mean(window["accuracy"]))
+        out["monitor/diag/length_growth"] = rise
+        if config.length_growth is None or rise < config.length_growth or accuracy > config.length_growth_accuracy:
+            return None
+        first, last = window["length"][0], window["length"][-1]
+        return Alarm(
+            "length_growth",
+            f"responses grew {rise:.0%} over the last {config.length_growth_window} steps ({first:.0f} -> "
+            f"{last:.0f} tokens; >= monitor.length_growth={config.length_growth}) while only {accuracy:.0%} of "
+            f"samples were right (<= monitor.length_growth_accuracy={config.length_growth_accuracy}): "
+            f"{self._length_growth_cause()}",
+        )
+
+    def _length_growth_cause(self) -> str:
+        """The likely cause of length growing without reward, and the keys that change it."""
+        remedies = (
+            "add DAPO's soft overlong punishment (reward.shaping: [{name: overlong_penalty, kwargs: "
+            "{max_response_length: ..., cache_length: ...}}]), lower actor.lr, or give the group more "
+            "chances of a right answer (rollout.n, an easier data mix)"
+        )
+        if self.loss_agg_mode in _PER_SEQUENCE_MEAN_MODES:
+            return (
+                f"likely the length bias of actor.loss_agg_mode={self.loss_agg_mode}, which divides each "
+                "response's loss by its own length: a long wrong answer is pushed down less per token than a "
+                "short one, and when most rewards are 0 that bias is most of the gradient (Dr. GRPO, "
+                "arXiv:2503.20783). Set actor.loss_agg_mode=token-mean (DAPO) or seq-mean-token-sum-norm "
+                f"(Dr. GRPO); also {remedies}"
+            )
+        return f"rewards too sparse for the groups to tell answers apart; {remedies}"
 
     def _entropy_collapse(
         self, rollouts: Batch, metrics: Mapping[str, Any], out: dict[str, float]
@@ -541,7 +598,7 @@ class TrainingMonitor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` of a monitor with the same config."""
         self._drift.load_state_dict(state["drift"])
-        self._history = deque((dict(record) for record in state["history"]), maxlen=self.config.trend_window)
+        self._history = deque((dict(record) for record in state["history"]), maxlen=self._history_length)
         # States saved before an alarm existed lack its streak: it starts at 0.
         self._streaks = {**_NO_STREAKS, **state["streaks"]}
         self._holding = set(state["holding"])
