@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from hybridflow.algos import group_index
 from hybridflow.algos.masked import last_valid_token_mask
 from hybridflow.protocol import Batch
+from hybridflow.rollout.sampling import SamplingParams
 from recipes.re2.re2_prefixes import (
     cap_lengths,
     continuation_prompts,
@@ -39,7 +41,7 @@ from recipes.re2.re2_prefixes import (
     cut_lengths,
     prefix_token_lists,
 )
-from recipes.re2.re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards
+from recipes.re2.re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards, restart_outcomes
 from recipes.re2.re2_task import ensure_instructed_task, ensure_task
 from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
 from trainer.fit import fit
@@ -50,6 +52,7 @@ from trainer.steps import (
     concat_rollouts,
     generate,
     old_log_probs,
+    reward_scores,
     sampling_params,
     score,
     update_actor,
@@ -72,6 +75,8 @@ class Re2Settings:
     redo_phrase: str = REDO_PHRASE
     answer_pattern: str = r"\d"  # what counts as a final answer after the phrase
     instruction: bool = False  # tell the model about the phrase in a system message (re2_task.py)
+    val_temperature: float = recipe_field(0.6, gt=0)  # the paper's evaluation temperature
+    val_restarts: int = recipe_field(4, ge=0)  # a redo is asked again up to this many times (R - 1)
 
 
 def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2Settings:
@@ -119,11 +124,7 @@ def ended_at_redo(runtime: Runtime, rollouts: Batch, phrase: str) -> Batch:
 def judged(runtime: Runtime, rollouts: Batch, settings: Re2Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """``(correct, redo)``, each ``[batch]`` bool: exact match of the whole sample (a redo is never
     correct, whatever digits came before its phrase) and `is_redo`."""
-    scored = score(runtime, rollouts)
-    redo = torch.tensor(
-        [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
-    )
-    return (scored["scores"] >= 1.0) & ~redo, redo
+    return answer_flags(rollouts | score(runtime, rollouts), settings)
 
 
 def rewarded(runtime: Runtime, rollouts: Batch, settings: Re2Settings, group_ids: torch.Tensor) -> Batch:
@@ -243,26 +244,98 @@ def re2_step(runtime: Runtime, prompts: Batch) -> Batch:
 
 
 def redo_validation(runtime: Runtime, settings: Re2Settings, samples: int) -> dict[str, float]:
-    """Sampled answers (``samples`` per held-out prompt, the training temperature), cut after the redo
-    phrase, through the configured validation's loop (`trainer.validation.validation_rollouts`):
-    ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` (the test-time accuracy when
-    every redo is asked again)."""
+    """Sampled answers to every held-out prompt (``samples`` per prompt at ``recipe.val_temperature``),
+    cut after the redo phrase, through the configured validation's loop
+    (`trainer.validation.validation_rollouts`), with the paper's test-time restarts: a redo is asked again,
+    afresh, up to ``recipe.val_restarts`` times.
+
+    Returns ``val_re2/redo_rate``, ``expected_rounds`` and ``accuracy_non_redo`` of the first attempts;
+    ``val_re2/accuracy_first_attempt`` (a redo counts as wrong), ``val_re2/accuracy_restarts`` (the last
+    attempt's answer; a question still redoing after the last restart counts as wrong),
+    ``val_re2/attempts_mean`` and ``val_re2/unanswered_rate`` (still redoing after the last restart).
+    """
     settings = as_written(runtime.tokenizer, settings)
     sampling = replace(
-        validation_sampling(runtime), n=samples, temperature=runtime.config.rollout.temperature, top_p=1.0, top_k=-1
+        validation_sampling(runtime), n=samples, temperature=settings.val_temperature, top_p=1.0, top_k=-1
     )
 
     def cut(runtime: Runtime, rollouts: Batch) -> Batch:
         return ended_at_redo(runtime, rollouts, settings.redo_phrase)
 
-    correct, redo = [], []
-    for rollouts in validation_rollouts(runtime, sampling, finish=cut):
-        flags = torch.tensor(
-            [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
-        )
-        correct.append((rollouts["scores"] >= 1.0) & ~flags)
-        redo.append(flags)
-    return redo_metrics(torch.cat(correct), torch.cat(redo), "val_re2")
+    first: list[torch.Tensor] = []
+    redo_first: list[torch.Tensor] = []
+    final: list[torch.Tensor] = []
+    unanswered: list[torch.Tensor] = []
+    attempts: list[torch.Tensor] = []
+    for batch_index, rollouts in enumerate(validation_rollouts(runtime, sampling, finish=cut)):
+        correct, redo = answer_flags(rollouts, settings)
+        first.append(correct)
+        redo_first.append(redo)
+        attempt = asked_again(runtime, rollouts, replace(sampling, n=1), settings, batch_index)
+        last_correct, last_redo, tries = restart_outcomes(correct, redo, attempt, settings.val_restarts)
+        final.append(last_correct)
+        unanswered.append(last_redo)
+        attempts.append(tries)
+    return {
+        **redo_metrics(torch.cat(first), torch.cat(redo_first), "val_re2"),
+        "val_re2/accuracy_first_attempt": torch.cat(first).double().mean().item(),
+        "val_re2/accuracy_restarts": torch.cat(final).double().mean().item(),
+        "val_re2/attempts_mean": torch.cat(attempts).double().mean().item(),
+        "val_re2/unanswered_rate": torch.cat(unanswered).double().mean().item(),
+    }
+
+
+RESPONSE_SIDE_COLUMNS = frozenset(
+    {
+        "responses",
+        "response_mask",
+        "rollout_log_probs",
+        "response_lengths",
+        "finish_reason",
+        "response_text",
+        "appended_eos",
+        "scores",
+        "token_level_scores",
+        "rule_scores",
+        "rm_scores",
+        "reward_status",
+        "policy_version",
+    }
+)
+"""Columns of a validation rollout that belong to its answer, not to its prompt: a restart keeps the
+rest (the prompt's ids, ground truth, data source) and samples a new answer."""
+
+
+def answer_flags(rollouts: Batch, settings: Re2Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(correct, redo)``, each ``[batch]`` bool, of scored answers with ``response_text``."""
+    redo = torch.tensor(
+        [is_redo(t, settings.redo_phrase, settings.answer_pattern) for t in rollouts["response_text"]]
+    )
+    return (rollouts["scores"] >= 1.0) & ~redo, redo
+
+
+def asked_again(
+    runtime: Runtime, rollouts: Batch, sampling: SamplingParams, settings: Re2Settings, batch_index: int
+) -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    """``attempt(rows, k)`` for `restart_outcomes`: the questions of ``rows`` of the validation batch
+    ``rollouts`` answered afresh (one sample each, ``sampling`` with restart ``k``'s seed), cut after
+    the redo phrase, scored; returns their ``(correct, redo)``."""
+    prompt_columns = [key for key in rollouts.keys() if key not in RESPONSE_SIDE_COLUMNS]
+
+    def attempt(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        prompts = rollouts[rows].select(*prompt_columns)
+        again = replace(sampling, seed=restart_seed(runtime, batch_index, k))
+        answers = ended_at_redo(runtime, runtime.rollout.generate_sequences(prompts, again), settings.redo_phrase)
+        scored, _ = reward_scores(runtime, answers)
+        return answer_flags(answers | scored, settings)
+
+    return attempt
+
+
+def restart_seed(runtime: Runtime, batch_index: int, restart: int) -> int:
+    """A sampling seed per (validation batch, restart): restarts never reuse the first attempt's numbers."""
+    key = [runtime.config.rollout.seed, runtime.step, batch_index, restart, 7]
+    return int(np.random.SeedSequence(key).generate_state(1)[0] % 2**31)
 
 
 def task_config(overrides: list[str], data_dir: Path) -> RunConfig:

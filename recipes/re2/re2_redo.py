@@ -29,6 +29,7 @@ __all__ = [
     "phrase_end_token",
     "redo_metrics",
     "redo_rewards",
+    "restart_outcomes",
 ]
 
 REDO_PHRASE = "It's better to redo the question."
@@ -133,3 +134,34 @@ def redo_metrics(correct: Tensor, redo: Tensor, prefix: str = "re2") -> dict[str
         f"{prefix}/expected_rounds": math.inf if rate >= 1.0 else 1.0 / (1.0 - rate),
         f"{prefix}/accuracy_non_redo": accuracy,
     }
+
+
+def restart_outcomes(
+    correct: Tensor, redo: Tensor, attempt: Callable[[Tensor, int], tuple[Tensor, Tensor]], restarts: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The test-time restart loop: a question whose answer is a redo is asked again, up to ``restarts``
+    times.
+
+    Args:
+        correct, redo: ``[batch]`` bool, the first attempt's flags (a redo is never correct).
+        attempt: ``attempt(rows, k) -> (correct, redo)`` answers the questions of ``rows`` (``[r]`` int64
+            indices into the batch) afresh for restart ``k`` (1-based); returns ``[r]`` bool flags.
+        restarts: how many times a redo may be asked again (0: the first attempt stands).
+
+    Returns:
+        ``(correct, redo, attempts)``, each ``[batch]``: the last attempt's flags (a question still
+        redoing after the last restart counts as not correct) and how many attempts it took (int64,
+        ``1 .. restarts + 1``).
+    """
+    if restarts < 0:
+        raise ValueError(f"restarts must be >= 0, got {restarts}")
+    correct, redo = correct.bool().clone(), redo.bool().clone()
+    attempts = torch.ones(len(correct), dtype=torch.long)
+    for k in range(1, restarts + 1):
+        rows = torch.nonzero(redo).flatten()
+        if not len(rows):
+            break
+        again_correct, again_redo = attempt(rows, k)
+        correct[rows], redo[rows] = again_correct.bool() & ~again_redo.bool(), again_redo.bool()
+        attempts[rows] += 1
+    return correct & ~redo, redo, attempts

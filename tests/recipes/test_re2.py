@@ -435,3 +435,27 @@ def test_the_redo_warm_start_key_changes_with_the_tokenizer(tmp_path):
     assert warm_start_folder(tmp_path, keys[0]) != warm_start_folder(tmp_path, keys[1])
     # An equal tokenizer, saved afresh, gives the equal key: the cache is found again.
     assert keys[0] == keys[2]
+
+
+def test_restarts_ask_a_redo_again_until_it_answers_or_runs_out():
+    # Five questions: right, wrong, redo then right, redo then redo then wrong, redo for ever.
+    script = {2: [(True, False)], 3: [(False, True), (False, False)], 4: [(False, True)] * 9}
+    asked: list[tuple[list[int], int]] = []
+
+    def attempt(rows, k):
+        asked.append((rows.tolist(), k))
+        answers = [script[int(row)][k - 1] for row in rows]
+        return torch.tensor([c for c, _ in answers]), torch.tensor([r for _, r in answers])
+
+    correct = torch.tensor([True, False, False, False, False])
+    flags = torch.tensor([False, False, True, True, True])
+    final, still_redo, attempts = redo.restart_outcomes(correct, flags, attempt, restarts=3)
+    assert final.tolist() == [True, False, True, False, False]
+    assert still_redo.tolist() == [False, False, False, False, True]
+    assert attempts.tolist() == [1, 1, 2, 3, 4]
+    assert asked == [([2, 3, 4], 1), ([3, 4], 2), ([4], 3)]  # only the redos, each restart once
+    asked.clear()
+    final, still_redo, attempts = redo.restart_outcomes(correct, flags, attempt, restarts=0)
+    assert asked == [] and final.tolist() == correct.tolist() and attempts.tolist() == [1] * 5
+    with pytest.raises(ValueError, match="restarts must be >= 0"):
+        redo.restart_outcomes(correct, flags, attempt, restarts=-1)

@@ -13,6 +13,8 @@ random samples score 1. What must hold:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from hybridflow.controller import register
@@ -20,6 +22,7 @@ from hybridflow.metrics import read_jsonl
 from hybridflow.protocol import Batch
 from recipes.re2 import main as re2
 from tests.trainer._runs import run_config, write_task
+from trainer.config import recipe_settings
 from trainer.fit import fit
 from trainer.runtime import Runtime
 from workers.actor import ActorRolloutRefWorker
@@ -83,6 +86,10 @@ def test_re2_step_under_fit(ray_cluster, tmp_path):
             return tokenizer.decode(ids, skip_special_tokens=True)
 
         phrase = runtime.tokenizer.convert_tokens_to_ids("q")
+        settings = recipe_settings(config, re2.Re2Settings)
+        # At temperature 3 the random policy writes "q" often: there are redos to ask again.
+        once = re2.redo_validation(runtime, replace(settings, val_restarts=0, val_temperature=3.0), samples=4)
+        restarted = re2.redo_validation(runtime, replace(settings, val_restarts=3, val_temperature=3.0), samples=4)
     records = read_jsonl(root / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert [sum(per_rank) for per_rank in zip(*rows, strict=True)] == [len(b) for b in trained]
@@ -125,3 +132,12 @@ def test_re2_step_under_fit(ray_cluster, tmp_path):
         # fp32 HF engine and trainer: the appended EOS (never sampled) does not enter the gap.
         assert record["sync/log_prob_abs_diff_max"] < 1e-3
     assert torch.cat([b["scores"] for b in trained]).unique().numel() > 2  # 0, 1 and redo rewards
+    # Test-time restarts. Without them the first attempt stands; the same seeds give the same first attempts.
+    assert once["val_re2/redo_rate"] == restarted["val_re2/redo_rate"] > 0
+    assert once["val_re2/attempts_mean"] == 1.0
+    assert once["val_re2/accuracy_restarts"] == once["val_re2/accuracy_first_attempt"]
+    assert once["val_re2/unanswered_rate"] == once["val_re2/redo_rate"]
+    # With them every first redo is asked again at least once, and some answer: the unanswered share falls.
+    assert restarted["val_re2/attempts_mean"] >= 1.0 + restarted["val_re2/redo_rate"]
+    assert restarted["val_re2/unanswered_rate"] < restarted["val_re2/redo_rate"]
+    assert restarted["val_re2/accuracy_restarts"] >= restarted["val_re2/accuracy_first_attempt"]
