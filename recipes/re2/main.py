@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,9 +42,9 @@ from recipes.re2.re2_prefixes import (
     prefix_token_lists,
 )
 from recipes.re2.re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards, restart_outcomes
-from recipes.re2.re2_task import ensure_instructed_task, ensure_task
+from recipes.re2.re2_task import ensure_task, instructed_copy
 from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
-from trainer.fit import fit
+from trainer.fit import Progress, fit
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
 from trainer.steps import (
@@ -57,7 +57,7 @@ from trainer.steps import (
     score,
     update_actor,
 )
-from trainer.validation import validation_rollouts, validation_sampling
+from trainer.validation import validate, validation_rollouts, validation_sampling
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(".cache/recipes/re2/data")  # config.yaml's data.train_files / val_files point here
@@ -77,6 +77,7 @@ class Re2Settings:
     instruction: bool = False  # tell the model about the phrase in a system message (re2_task.py)
     val_temperature: float = recipe_field(0.6, gt=0)  # the paper's evaluation temperature
     val_restarts: int = recipe_field(4, ge=0)  # a redo is asked again up to this many times (R - 1)
+    val_samples: int = recipe_field(4, ge=1)  # sampled answers per held-out prompt in redo_validation
 
 
 def as_written(tokenizer: PreTrainedTokenizerBase, settings: Re2Settings) -> Re2Settings:
@@ -339,8 +340,10 @@ def restart_seed(runtime: Runtime, batch_index: int, restart: int) -> int:
 
 
 def task_config(overrides: list[str], data_dir: Path) -> RunConfig:
-    """config.yaml with ``overrides`` on the task written under ``data_dir`` (its instructed copy with
-    ``recipe.instruction: true``). A bad ``recipe.*`` key fails here, before anything starts."""
+    """config.yaml with ``overrides`` on the task written under ``data_dir``, or on the data files the
+    overrides name. With ``recipe.instruction: true`` every training and validation file is replaced by
+    its instructed copy (`re2_task.instructed_copy`, under ``data_dir``). A bad ``recipe.*`` key fails
+    here, before anything starts."""
 
     def files(folder: Path) -> list[str]:
         return [f"data.train_files=[{folder / 'train.parquet'}]", f"data.val_files=[{folder / 'test.parquet'}]"]
@@ -350,15 +353,30 @@ def task_config(overrides: list[str], data_dir: Path) -> RunConfig:
     settings = recipe_settings(config, Re2Settings)
     if not settings.instruction:
         return config
-    return load_config(HERE / "config.yaml", [*files(ensure_instructed_task(data_dir, settings.redo_phrase)), *overrides])
+
+    def instructed(key: str, paths: Sequence[str]) -> str:
+        copies = [str(instructed_copy(Path(path), settings.redo_phrase, data_dir)) for path in paths]
+        return f"data.{key}=[{','.join(copies)}]"
+
+    data = config.data
+    return load_config(
+        HERE / "config.yaml",
+        [*overrides, instructed("train_files", data.train_files), instructed("val_files", data.val_files)],
+    )
+
+
+def validation_with_restarts(runtime: Runtime, progress: Progress) -> dict[str, float]:
+    """`fit`'s evaluation for Re²: the configured (greedy) validation and `redo_validation`'s sampled
+    answers with test-time restarts."""
+    settings = recipe_settings(runtime.config, Re2Settings)
+    return {**validate(runtime), **redo_validation(runtime, settings, settings.val_samples)}
 
 
 def main(overrides: list[str]) -> dict[str, float]:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = task_config(overrides, DATA)
     with start_ray(config), Runtime(config) as runtime:
-        metrics = fit(runtime, re2_step)
-        metrics.update(redo_validation(runtime, recipe_settings(config, Re2Settings), samples=4))
+        metrics = fit(runtime, re2_step, evaluate=validation_with_restarts)
     print({key: round(value, 4) for key, value in sorted(metrics.items())})
     return metrics
 

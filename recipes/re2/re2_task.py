@@ -41,8 +41,8 @@ from trainer.warm_start import WarmStartConfig, file_digest, warm_start, warm_st
 __all__ = [
     "REDO_INSTRUCTION",
     "RedoWarmStart",
-    "ensure_instructed_task",
     "ensure_task",
+    "instructed_copy",
     "redo_rows",
     "redo_warm_start_key",
     "redo_warm_started_model",
@@ -67,14 +67,14 @@ def with_redo_instruction(rows: Sequence[dict], phrase: str = REDO_PHRASE) -> li
     return [{**row, "prompt": [system, *row["prompt"]]} for row in rows]
 
 
-def ensure_instructed_task(data_dir: Path, phrase: str = REDO_PHRASE) -> Path:
-    """`ensure_task`'s splits with `with_redo_instruction` applied, under ``data_dir/instructed-<hash>``
-    (the hash of ``phrase``, so that another phrase gets its own files)."""
-    source = ensure_task(data_dir)
-    target = data_dir / f"instructed-{hashlib.sha256(phrase.encode()).hexdigest()[:8]}"
-    for split in ("train", "test"):
-        if not (target / f"{split}.parquet").exists():
-            write_rows(with_redo_instruction(read_rows(source / f"{split}.parquet"), phrase), target / f"{split}.parquet")
+def instructed_copy(path: Path, phrase: str, cache: Path) -> Path:
+    """The rows of the data file ``path`` with `with_redo_instruction` applied, written once to
+    ``cache/instructed-<hash>/<name>``: the hash covers the phrase and the file's bytes, so another
+    phrase or another file gets its own copy."""
+    key = hashlib.sha256(f"{phrase}\0{file_digest([str(path)])}".encode()).hexdigest()[:12]
+    target = cache / f"instructed-{key}" / Path(path).name
+    if not target.exists():
+        write_rows(with_redo_instruction(read_rows(path), phrase), target)
     return target
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hybridflow.data.char_tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from hybridflow.data.files import read_rows, write_rows
 from hybridflow.models import build_tiny_causal_lm, save_model_dir
 from hybridflow.protocol import Batch
 from hybridflow.rollout import SamplingParams, response_log_probs
@@ -363,10 +364,11 @@ def test_the_redo_instruction_names_the_phrase_in_a_system_message(tmp_path):
     assert out == {**rows[0], "prompt": [system, *question]}
     assert f'"{PHRASE}"' in system["content"]
     assert rows[0]["prompt"] == question  # the input rows are not changed
-    # The written splits: the same questions and answers, each behind the instruction.
-    instructed = task.ensure_instructed_task(tmp_path / "data", PHRASE)
-    plain = read_rows(tmp_path / "data" / "test.parquet")
-    written = read_rows(instructed / "test.parquet")
+    # The written copy: the same questions and answers, each behind the instruction.
+    source = task.ensure_task(tmp_path / "data") / "test.parquet"
+    instructed = task.instructed_copy(source, PHRASE, tmp_path / "cache")
+    plain = read_rows(source)
+    written = read_rows(instructed)
     assert [row["prompt"] for row in written] == [[system, *row["prompt"]] for row in plain]
     assert [row["reward_model"] for row in written] == [row["reward_model"] for row in plain]
     assert render_prompt(TOKENIZER, written[0]["prompt"]).startswith(system["content"])
@@ -377,14 +379,18 @@ def test_the_recipe_reads_the_instructed_data_when_asked(tmp_path):
     plain = re2.task_config([], data)
     assert list(plain.data.train_files) == [str(data / "train.parquet")]
     instructed = re2.task_config(["recipe.instruction=true"], data)
-    folder = task.ensure_instructed_task(data, PHRASE)
-    assert folder.parent == data and folder.name.startswith("instructed-")
-    assert list(instructed.data.train_files) == [str(folder / "train.parquet")]
-    assert list(instructed.data.val_files) == [str(folder / "test.parquet")]
-    assert task.ensure_instructed_task(data, "Start over.") != folder  # another phrase, other files
-    # A file named on the command line still wins.
-    chosen = re2.task_config(["recipe.instruction=true", f"data.val_files=[{data / 'test.parquet'}]"], data)
-    assert list(chosen.data.val_files) == [str(data / "test.parquet")]
+    train, test = (task.instructed_copy(data / f"{split}.parquet", PHRASE, data) for split in ("train", "test"))
+    assert train.parent.parent == data and train.parent.name.startswith("instructed-")
+    assert list(instructed.data.train_files) == [str(train)]
+    assert list(instructed.data.val_files) == [str(test)]
+    assert task.instructed_copy(data / "test.parquet", "Start over.", data) != test  # another phrase, other copy
+    # A file named on the command line (another task's, a real model's) gets its own instructed copy.
+    other = tmp_path / "other" / "test.parquet"
+    write_rows(read_rows(data / "test.parquet")[:5], other)
+    chosen = re2.task_config(["recipe.instruction=true", f"data.val_files=[{other}]"], data)
+    (copy,) = chosen.data.val_files
+    assert copy == str(task.instructed_copy(other, PHRASE, data)) and copy != str(test)
+    assert [row["prompt"][0]["role"] for row in read_rows(copy)] == ["system"] * 5
 
 
 def test_redo_rows_replace_a_share_of_the_answers():
