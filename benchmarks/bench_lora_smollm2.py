@@ -26,14 +26,11 @@ Results: docs/benchmarks.md ("LoRA against full fine-tuning on SmolLM2-135M").
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _recipe_runs import REPO, records, run_recipe
+
 OUT = Path("outputs/bench_lora_smollm2")
 
 
@@ -43,20 +40,6 @@ def mode_overrides(mode: str, seed: int, rank: int, lora_lr: float) -> list[str]
     push = mode.removeprefix("lora-")
     lora = [f"actor.lora.rank={rank}", f"actor.lora.alpha={2 * rank}", f"actor.lora.seed={seed}"]
     return [*lora, f"actor.lora.push={push}", f"actor.lr={lora_lr}"]
-
-
-def run_recipe(folder: Path, overrides: list[str]) -> float:
-    """Run the recipe into ``folder``; the wall seconds of the whole command."""
-    command = [sys.executable, "recipes/smollm2/main.py", *overrides, f"trainer.output_dir={folder}"]
-    print("$", " ".join(command), flush=True)
-    started = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True)
-    return time.perf_counter() - started
-
-
-def records(folder: Path) -> list[dict]:
-    path = REPO / folder / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def summary(rows: list[dict]) -> dict[str, object]:

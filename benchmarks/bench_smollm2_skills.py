@@ -24,17 +24,15 @@ Results: recipes/smollm2/README.md ("Defaults that hold off the tuned task") and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _recipe_runs import REPO, records, run_recipe
+
 sys.path.insert(0, str(REPO))
 
-from recipes.smollm2.skills import SKILLS, prepare_skill, skill_overrides  # noqa: E402
+from recipes.smollm2.skills import SKILLS, prepare_skill, skill_overrides
 
 OUT = Path("outputs/bench_smollm2_skills")
 ARMS = {
@@ -42,20 +40,6 @@ ARMS = {
     "before": ["actor.loss_agg_mode=seq-mean-token-mean", "reward.shaping=[]"],
 }
 TASKS = (*SKILLS, "sums")
-
-
-def run_recipe(folder: Path, overrides: list[str]) -> float:
-    """Run the recipe into ``folder``; the wall seconds of the whole command."""
-    command = [sys.executable, "recipes/smollm2/main.py", *overrides, f"trainer.output_dir={folder}"]
-    print("$", " ".join(command), flush=True)
-    started = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True)
-    return time.perf_counter() - started
-
-
-def records(folder: Path) -> list[dict]:
-    path = REPO / folder / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def summary(rows: list[dict]) -> dict[str, object]:
