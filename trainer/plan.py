@@ -38,6 +38,7 @@ from hybridflow.planning import (
     fsdp_shard_bytes,
     fsdp_unsharded_bytes,
     gather_buffer_bytes,
+    gloo_gather_copy_bytes,
     hf_generate_cache_bytes,
     layer_saved_bytes_per_token,
     logit_head_bytes,
@@ -367,8 +368,10 @@ class _Planner:
         shape, tp = self.shape, sizes.rollout_tp_size
         push = self.resident(roles, "generation", "weight push")
         if "actor_rollout" in roles:
-            streamed = (fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in pushed.values())
+            streamed = [fsdp_unsharded_bytes([dims], self.actor.world, itemsize) for dims in pushed.values()]
             push["gather buffer"] = gather_buffer_bytes(streamed, bucket)
+            if not self.on_gpu:
+                push["gloo gather copy"] = gloo_gather_copy_bytes(streamed)
             if self.split:
                 push["send bucket"] = bucket
         if not self.holds_engine(roles):
@@ -395,23 +398,37 @@ class _Planner:
             PhaseMemory("generation", "sampling", sampling),
         ]
 
+    def scored_tokens(self, tokens: int, attention: AttentionKind, use_packing: bool) -> int:
+        """Tokens the log-prob head scores in a micro-batch of ``tokens`` packed full-length tokens.
+
+        Packed under the varlen SDPA attention (the CPU path), `workers.actor.sequence_log_probs` runs
+        `shared_prefix_log_probs`, which hands the head the positions that predict a response token
+        alone: ``response_length`` per row. Otherwise every packed token goes through the head."""
+        if not (use_packing and attention == "varlen_sdpa"):
+            return tokens
+        rows = max(1, tokens // self.sequence)
+        return min(tokens, rows * self.config.data.max_response_length)
+
     def forward(
         self, roles: list[str], phase: str, model: _Model, batching: _Batching, head: HeadKind
     ) -> PhaseMemory:
         """A no-grad forward over micro-batches (log-probs, reference, teacher, values, reward-model
         scores)."""
-        compute = _ITEMSIZE[_compute_dtype(batching.param_dtype, self.on_gpu)]
+        compute_name = _compute_dtype(batching.param_dtype, self.on_gpu)
+        compute = _ITEMSIZE[compute_name]
         rows_per_rank = -(-self.sizes.rows_per_step // model.world)
         tokens = batching.tokens(rows_per_rank, self.sequence)
         out = self.resident(roles, phase, "forward")
         out["gathered params"] = model.gathered(compute, 2 if self.on_gpu else 1)
         out["activations"] = forward_temporary_bytes(model.shape, tokens, compute)
         if head == "lm":
-            chunk = self.config.actor.logit_chunk_size
+            chunk, packing = self.config.actor.logit_chunk_size, self.config.actor.use_packing
             if phase == "teacher" and self.config.teacher is not None:
-                chunk = self.config.teacher.logit_chunk_size  # the teacher's forwards chunk by its own key
+                # The teacher's forwards chunk and pack by its own keys.
+                chunk, packing = self.config.teacher.logit_chunk_size, self.config.teacher.use_packing
+            scored = self.scored_tokens(tokens, _attention(compute_name, self.on_gpu), packing)
             out["logits"] = logit_head_bytes(
-                model.shape.vocab_size, tokens, chunk, with_grad=False, with_entropy=False
+                model.shape.vocab_size, scored, chunk, with_grad=False, with_entropy=False
             )
         return PhaseMemory(phase, f"forward, {tokens} tokens", out)
 
@@ -456,8 +473,9 @@ class _Planner:
         moments = []
         if head == "lm":
             chunk = self.config.actor.logit_chunk_size
+            scored = self.scored_tokens(tokens, attention, self.config.actor.use_packing)
             logits = logit_head_bytes(
-                model.shape.vocab_size, tokens, chunk, with_grad=True, with_entropy=with_entropy
+                model.shape.vocab_size, scored, chunk, with_grad=True, with_entropy=with_entropy
             )
             moments.append(
                 PhaseMemory(

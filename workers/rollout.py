@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,7 +26,17 @@ from hybridflow.rollout.config import EngineDerived, RolloutConfig
 from hybridflow.rollout.factory import build_rollout_engine
 from hybridflow.rollout.sampling import SamplingParams
 
+T = TypeVar("T")
+
 __all__ = ["RolloutWorker"]
+
+
+def _drained(head: list[T], rest: Iterator[T]) -> Iterator[T]:
+    """The items of ``head``, taken out of it as they are yielded, then those of ``rest``: unlike
+    ``itertools.chain(head, rest)``, nothing here keeps an item alive once the consumer lets go of it."""
+    while head:
+        yield head.pop(0)
+    yield from rest
 
 
 class RolloutWorker(Worker):
@@ -72,13 +84,16 @@ class RolloutWorker(Worker):
         """
         start = time.perf_counter()
         weights = self.receiver.receive()
-        first = next(weights, None)
-        if first is not None:
-            self.engine.update_weights(itertools.chain([first], weights))
+        head = list(itertools.islice(weights, 1))
+        received = bool(head)
+        if received:
+            # Nothing here may keep the first tensor once the engine has loaded it: it is a view of its
+            # bucket (the whole embedding when that travels alone), which would stand through the push.
+            self.engine.update_weights(_drained(head, weights))
         assert self.receiver.version is not None
         self.policy_version = self.receiver.version
         metrics = {"rollout/policy_version": float(self.policy_version)}
-        if first is not None:
+        if received:
             metrics["rollout/receive_s"] = time.perf_counter() - start
         return metrics
 

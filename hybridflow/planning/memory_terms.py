@@ -29,6 +29,7 @@ __all__ = [
     "fsdp_shard_bytes",
     "fsdp_unsharded_bytes",
     "gather_buffer_bytes",
+    "gloo_gather_copy_bytes",
     "hf_generate_cache_bytes",
     "layer_saved_bytes_per_token",
     "logit_head_bytes",
@@ -256,6 +257,14 @@ def gather_buffer_bytes(tensor_bytes: Iterable[int], bucket_bytes: int) -> int:
     one; they are gathered one at a time)."""
     oversized = [nbytes for nbytes in tensor_bytes if nbytes > bucket_bytes]
     return bucket_bytes + max(oversized, default=0)
+
+
+def gloo_gather_copy_bytes(tensor_bytes: Iterable[int]) -> int:
+    """gloo's own copy in a weight push's all-gathers (CPU ranks): its ``all_gather_into_tensor``
+    gathers into a fresh flat tensor of the full output's size and then copies it into the output,
+    so each gathered tensor stands twice for the length of its collective; the largest one sets the
+    peak. NCCL gathers in place (none)."""
+    return max(tensor_bytes, default=0)
 
 
 def engine_activation_bytes(
