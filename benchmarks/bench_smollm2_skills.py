@@ -3,10 +3,14 @@
 Runs `recipes/smollm2` on each held-out skill of `recipes/smollm2/skills.py` (and on the recipe's own
 sums, ``sums``), once per arm and seed, one run at a time, each in its own process and output folder:
 
-- **defaults**: config.yaml as it is;
-- **before**: the defaults the recipe had before this comparison (``actor.loss_agg_mode:
-  seq-mean-token-mean``, no overlong punishment), which let responses grow without reward on a
-  rare-reward skill.
+- **seq_mean**: ``actor.loss_agg_mode: seq-mean-token-mean`` (each response's loss divided by its own
+  length), no reward shaping: the recipe's defaults before this comparison;
+- **token_mean**: ``actor.loss_agg_mode: token-mean`` (every token of the batch weighs the same), no
+  reward shaping;
+- **token_mean_overlong**: token-mean and DAPO's soft overlong punishment (0 up to 96 tokens, a ramp to
+  -1 at the 128-token cap).
+
+Every other key is config.yaml's.
 
 ``data.seed`` and ``rollout.seed`` take the seed, so the arms of a seed see the same prompt order and
 sampling seeds. From each run's ``metrics.jsonl`` it prints: held-out greedy accuracy (100 problems)
@@ -16,8 +20,8 @@ the largest share of groups with equal rewards, the steps where the ``length_gro
 and the generated tokens and training seconds.
 
 Run:  python benchmarks/bench_smollm2_skills.py [--skills difference product two_digit_sum sums]
-      [--arms defaults before] [--seeds 0] [--steps 20]
-      (a run whose metrics file is complete is reused; --fresh runs it again)
+      [--arms seq_mean token_mean token_mean_overlong] [--seeds 0] [--steps 20]
+      (a run whose metrics file is complete is reused; --fresh runs it again; --report runs nothing)
 Results: recipes/smollm2/README.md ("Defaults that hold off the tuned task") and docs/benchmarks.md.
 """
 
@@ -35,10 +39,13 @@ sys.path.insert(0, str(REPO))
 from recipes.smollm2.skills import SKILLS, prepare_skill, skill_overrides
 
 OUT = Path("outputs/bench_smollm2_skills")
+OVERLONG = "reward.shaping=[{name: overlong_penalty, kwargs: {max_response_length: 128, cache_length: 32}}]"
 ARMS = {
-    "defaults": [],
-    "before": ["actor.loss_agg_mode=seq-mean-token-mean", "reward.shaping=[]"],
+    "seq_mean": ["actor.loss_agg_mode=seq-mean-token-mean", "reward.shaping=[]"],
+    "token_mean": ["actor.loss_agg_mode=token-mean", "reward.shaping=[]"],
+    "token_mean_overlong": ["actor.loss_agg_mode=token-mean", OVERLONG],
 }
+ALIASES = {"before": "seq_mean", "defaults": "token_mean_overlong"}
 TASKS = (*SKILLS, "sums")
 
 
@@ -66,13 +73,15 @@ def summary(rows: list[dict]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skills", nargs="+", choices=TASKS, default=list(TASKS))
-    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=(*ARMS, *ALIASES), default=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--set", nargs="*", default=[], help="more overrides for every run (key=value)")
     parser.add_argument("--fresh", action="store_true", help="run again even where a complete run exists")
+    parser.add_argument("--report", action="store_true", help="run nothing: tabulate the complete runs there are")
     args = parser.parse_args()
+    args.arms = [ALIASES.get(arm, arm) for arm in args.arms]
 
     results = {}
     for skill in args.skills:
@@ -81,6 +90,8 @@ def main() -> None:
             for arm in args.arms:
                 folder = OUT / f"{skill}_{arm}_seed{seed}_steps{args.steps}"
                 done = [r for r in records(folder) if "timing_s/update" in r]
+                if args.report and len(done) < args.steps:
+                    continue
                 if args.fresh or len(done) < args.steps:
                     (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
                     overrides = [
