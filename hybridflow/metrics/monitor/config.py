@@ -70,7 +70,7 @@ class MonitorConfig:
     malformed_reward_patience: int | None = config_field(3, ge=1)
     zero_advantage_frac: float | None = config_field(1.0, gt=0, le=1)
     truncation_frac: float | None = config_field(0.5, gt=0, le=1)
-    length_growth: float | None = config_field(0.5, gt=0)
+    length_growth: float | None = config_field(0.25, gt=0)
     length_growth_window: int = config_field(5, ge=2)
     length_growth_accuracy: float = config_field(0.2, ge=0, le=1)
     entropy_key: str = "actor/entropy"
