@@ -4,9 +4,9 @@ Runs `recipes/smollm2` on each held-out skill of `recipes/smollm2/skills.py` (an
 sums, ``sums``), once per arm and seed, one run at a time, each in its own process and output folder:
 
 - **seq_mean**: ``actor.loss_agg_mode: seq-mean-token-mean`` (each response's loss divided by its own
-  length), no reward shaping: the recipe's defaults before this comparison;
+  length), no reward shaping: the recipe's default before this comparison;
 - **token_mean**: ``actor.loss_agg_mode: token-mean`` (every token of the batch weighs the same), no
-  reward shaping;
+  reward shaping: the recipe's default since;
 - **token_mean_overlong**: token-mean and DAPO's soft overlong punishment (0 up to 96 tokens, a ramp to
   -1 at the 128-token cap).
 
@@ -45,7 +45,6 @@ ARMS = {
     "token_mean": ["actor.loss_agg_mode=token-mean", "reward.shaping=[]"],
     "token_mean_overlong": ["actor.loss_agg_mode=token-mean", OVERLONG],
 }
-ALIASES = {"before": "seq_mean", "defaults": "token_mean_overlong"}
 TASKS = (*SKILLS, "sums")
 
 
@@ -73,7 +72,7 @@ def summary(rows: list[dict]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skills", nargs="+", choices=TASKS, default=list(TASKS))
-    parser.add_argument("--arms", nargs="+", choices=(*ARMS, *ALIASES), default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--val-every", type=int, default=10)
@@ -81,7 +80,6 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="run again even where a complete run exists")
     parser.add_argument("--report", action="store_true", help="run nothing: tabulate the complete runs there are")
     args = parser.parse_args()
-    args.arms = [ALIASES.get(arm, arm) for arm in args.arms]
 
     results = {}
     for skill in args.skills:

@@ -4,7 +4,8 @@ The recipe's config was chosen on sums up to 20. Each skill here is another oper
 asked the same way ("What is 27 - 9?", scored by ``exact_match`` on the last number), with 100 held-out
 problems and the rest to train on. The skills differ in how often SmolLM2-135M-Instruct gets them right
 before training (greedy held-out, and T=1 samples), measured by ``benchmarks/bench_smollm2_skills.py``:
-one is a *rare-reward* skill, where under 5% of the samples are right at the start.
+two are *rare-reward* skills, where under 5% of the samples are right at the start (README.md,
+"Defaults that hold off the tuned task").
 
 Run a skill:  python -m recipes.smollm2.skills difference [key=value overrides of config.yaml]
 """
@@ -42,7 +43,7 @@ class Skill:
 SKILLS = {
     "difference": Skill("-", max_operand=30),  # results -30..30: negatives half the time (rare reward)
     "product": Skill("*", max_operand=15),  # times tables up to 15 x 15
-    "two_digit_sum": Skill("+", digits=2),  # 10..99 + 10..99, answers up to 198
+    "two_digit_sum": Skill("+", digits=2),  # 10..99 + 10..99, answers up to 198 (rare reward)
 }
 
 
