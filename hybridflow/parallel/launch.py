@@ -58,7 +58,13 @@ def _rank_main(
         plan = local_device_plan(gpu is not None)
         if plan.device.type == "cuda":
             torch.cuda.set_device(plan.device)
-        dist.init_process_group(plan.backend, rank=rank, world_size=world_size)
+        try:
+            dist.init_process_group(plan.backend, rank=rank, world_size=world_size)
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error):
+                raise
+            queue.put((rank, "port_taken", traceback.format_exc()))
+            raise
         queue.put((rank, "ok", fn(rank, world_size, *args)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
@@ -80,8 +86,32 @@ def run_ranks(
     ``cuda:0``). A rank that raises fails the call with that rank's traceback; processes still running
     after ``timeout_s`` are killed. The group is not destroyed: a vLLM engine inside it must live until
     the process ends.
+
+    The group's port is one the OS had free a moment before the ranks start; another process can take it
+    in between (tests running side by side do). Rank 0 then cannot listen on it, before ``fn`` has run,
+    and the ranks start again on another port, up to :data:`PORT_ATTEMPTS` times in all.
     """
     gpus: list[str | None] = list(_visible_gpus(world_size)) if use_gpu else [None] * world_size
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _run_ranks_once(fn, world_size, args, gpus, timeout_s)
+        except _PortTakenError:
+            if attempt == PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+PORT_ATTEMPTS = 3
+"""How many ports `run_ranks` tries when the one it picked was taken before rank 0 could listen."""
+
+
+class _PortTakenError(RuntimeError):
+    """Rank 0 could not listen on the group's port (EADDRINUSE): nothing of ``fn`` ran."""
+
+
+def _run_ranks_once(
+    fn: Callable[..., Any], world_size: int, args: tuple, gpus: list[str | None], timeout_s: float
+) -> list[Any]:
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
@@ -97,6 +127,8 @@ def run_ranks(
     try:
         for _ in range(world_size):
             rank, status, value = queue.get(timeout=timeout_s)
+            if status == "port_taken":
+                raise _PortTakenError(f"port {port} was taken before rank {rank} could listen:\n{value}")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results[rank] = value
