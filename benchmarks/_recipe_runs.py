@@ -26,3 +26,19 @@ def records(folder: Path) -> list[dict]:
     """The metrics records of the run in ``folder`` (none when it has not run)."""
     path = REPO / folder / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def steps_done(folder: Path) -> int:
+    """How many training steps the run in ``folder`` has recorded."""
+    return sum("timing_s/update" in record for record in records(folder))
+
+
+def seeded_schedule(steps: int, val_every: int, seed: int) -> list[str]:
+    """The overrides every compared run shares: ``steps`` steps, validation every ``val_every``, and
+    ``seed`` for the prompt order and the sampling (the sides of a seed see the same of both)."""
+    return [
+        f"trainer.total_steps={steps}",
+        f"trainer.val_every={val_every}",
+        f"data.seed={seed}",
+        f"rollout.seed={seed}",
+    ]

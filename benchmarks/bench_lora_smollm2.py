@@ -29,7 +29,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from _recipe_runs import REPO, records, run_recipe
+from _recipe_runs import REPO, records, run_recipe, seeded_schedule, steps_done
 
 OUT = Path("outputs/bench_lora_smollm2")
 
@@ -80,14 +80,10 @@ def main() -> None:
     for seed in args.seeds:
         for mode in args.modes:
             folder = OUT / f"{mode}_seed{seed}_steps{args.steps}"
-            done = [r for r in records(folder) if "timing_s/update" in r]
-            if args.fresh or len(done) < args.steps:
+            if args.fresh or steps_done(folder) < args.steps:
                 (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
                 overrides = [
-                    f"trainer.total_steps={args.steps}",
-                    f"trainer.val_every={args.val_every}",
-                    f"data.seed={seed}",
-                    f"rollout.seed={seed}",
+                    *seeded_schedule(args.steps, args.val_every, seed),
                     *mode_overrides(mode, seed, args.rank, args.lora_lr),
                     *args.set,
                 ]

@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _recipe_runs import REPO, records, run_recipe
+from _recipe_runs import REPO, records, run_recipe, seeded_schedule, steps_done
 
 sys.path.insert(0, str(REPO))
 
@@ -87,20 +87,12 @@ def main() -> None:
         for seed in args.seeds:
             for arm in args.arms:
                 folder = OUT / f"{skill}_{arm}_seed{seed}_steps{args.steps}"
-                done = [r for r in records(folder) if "timing_s/update" in r]
-                if args.report and len(done) < args.steps:
+                done = steps_done(folder)
+                if args.report and done < args.steps:
                     continue
-                if args.fresh or len(done) < args.steps:
+                if args.fresh or done < args.steps:
                     (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
-                    overrides = [
-                        *data,
-                        f"trainer.total_steps={args.steps}",
-                        f"trainer.val_every={args.val_every}",
-                        f"data.seed={seed}",
-                        f"rollout.seed={seed}",
-                        *ARMS[arm],
-                        *args.set,
-                    ]
+                    overrides = [*data, *seeded_schedule(args.steps, args.val_every, seed), *ARMS[arm], *args.set]
                     print(f"{skill} {arm} seed {seed}: {run_recipe(folder, overrides):.0f} s", flush=True)
                 results[skill, arm, seed] = summary(records(folder))
 
