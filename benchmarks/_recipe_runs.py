@@ -1,4 +1,4 @@
-"""Shared by the benchmarks that run `recipes/smollm2` once per setting: one run in its own process and
+"""Shared by the benchmarks that run a recipe on SmolLM2 once per setting: one run in its own process and
 output folder, and its metrics records."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_recipe(folder: Path, overrides: list[str]) -> float:
-    """Run `recipes/smollm2/main.py` with ``overrides`` into ``folder`` (relative to the repository root);
-    the wall seconds of the whole command."""
-    command = [sys.executable, "recipes/smollm2/main.py", *overrides, f"trainer.output_dir={folder}"]
+def run_recipe(folder: Path, overrides: list[str], recipe: str = "recipes/smollm2/main.py") -> float:
+    """Run ``recipe`` (a script path from the repository root) with ``overrides`` into ``folder`` (relative
+    to the repository root); the wall seconds of the whole command."""
+    command = [sys.executable, recipe, *overrides, f"trainer.output_dir={folder}"]
     print("$", " ".join(command), flush=True)
     started = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
@@ -42,3 +42,24 @@ def seeded_schedule(steps: int, val_every: int, seed: int) -> list[str]:
         f"data.seed={seed}",
         f"rollout.seed={seed}",
     ]
+
+
+def completed_run(
+    folder: Path,
+    overrides: list[str],
+    steps: int,
+    *,
+    fresh: bool = False,
+    report: bool = False,
+    recipe: str = "recipes/smollm2/main.py",
+) -> list[dict] | None:
+    """The metrics records of the run in ``folder`` once it has ``steps`` steps: a complete run is reused
+    (unless ``fresh``), another is run again from scratch with ``overrides``; with ``report`` nothing runs
+    and an incomplete run gives None."""
+    done = steps_done(folder)
+    if report and done < steps:
+        return None
+    if fresh or done < steps:
+        (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
+        print(f"{folder}: {run_recipe(folder, overrides, recipe):.0f} s", flush=True)
+    return records(folder)

@@ -32,7 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _recipe_runs import REPO, records, run_recipe, seeded_schedule, steps_done
+from _recipe_runs import REPO, completed_run, seeded_schedule
 
 sys.path.insert(0, str(REPO))
 
@@ -87,14 +87,10 @@ def main() -> None:
         for seed in args.seeds:
             for arm in args.arms:
                 folder = OUT / f"{skill}_{arm}_seed{seed}_steps{args.steps}"
-                done = steps_done(folder)
-                if args.report and done < args.steps:
-                    continue
-                if args.fresh or done < args.steps:
-                    (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
-                    overrides = [*data, *seeded_schedule(args.steps, args.val_every, seed), *ARMS[arm], *args.set]
-                    print(f"{skill} {arm} seed {seed}: {run_recipe(folder, overrides):.0f} s", flush=True)
-                results[skill, arm, seed] = summary(records(folder))
+                overrides = [*data, *seeded_schedule(args.steps, args.val_every, seed), *ARMS[arm], *args.set]
+                rows = completed_run(folder, overrides, args.steps, fresh=args.fresh, report=args.report)
+                if rows is not None:
+                    results[skill, arm, seed] = summary(rows)
 
     val_steps = sorted({step for r in results.values() for step in r["accuracy"]})
     header = ["skill", "arm", "seed", *(f"held-out @{s}" for s in val_steps)]

@@ -7,7 +7,9 @@ next-token prediction is from uniform. It is computed online, by the current pol
 the old log-probs. Advantages are GRPO's on it; the loss keeps a k3 KL to the reference (beta 0.005).
 Ground-truth answers are dropped before generation and only validation (`trainer.validation.validate`) scores
 against them. ``recipe.external_reward_weight`` > 0 adds the config's reward functions as a second,
-separately normalised advantage (and then the labels are used in training).
+separately normalised advantage (and then the labels are used in training); with
+``recipe.self_certainty_weight: 0`` and an external weight of 1 the step is GRPO with labels, computing and
+logging self-certainty all the same (the labelled side of a comparison, `benchmarks/bench_intuitor_smollm2.py`).
 
 Run:  python -m recipes.intuitor.main [key=value overrides of config.yaml]
 (or python recipes/intuitor/main.py ...)
@@ -19,6 +21,8 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from torch import Tensor
 
 from hybridflow.algos import compute_advantage, last_valid_token_mask, masked_mean
 from hybridflow.data.synthetic import ensure_arithmetic_splits
@@ -37,9 +41,18 @@ LABEL_COLUMNS = ("ground_truth",)
 
 @dataclass(frozen=True)
 class IntuitorSettings:
-    """``recipe.*`` keys: the weight of the external (labelled) reward's advantage; 0 trains label-free."""
+    """``recipe.*`` keys: the weights of the two advantages summed into the update, self-certainty's and the
+    external (labelled) reward's; an external weight of 0 trains label-free."""
 
+    self_certainty_weight: float = recipe_field(1.0, ge=0)
     external_reward_weight: float = recipe_field(0.0, ge=0)
+
+    def __post_init__(self) -> None:
+        if self.self_certainty_weight == 0 and self.external_reward_weight == 0:
+            raise ValueError(
+                "recipe.self_certainty_weight and recipe.external_reward_weight are both 0: every advantage "
+                "would be 0; set one of them above 0"
+            )
 
 
 def without_labels(batch: Batch) -> Batch:
@@ -55,6 +68,26 @@ def self_certainty_scores(rollouts: Batch) -> Batch:
     return Batch({"scores": certainty, "token_level_scores": certainty[:, None] * last_valid_token_mask(mask)})
 
 
+def combined_advantages(
+    certainty_advantages: Tensor, external: Batch | None, rollouts: Batch, settings: IntuitorSettings
+) -> Tensor:
+    """``[batch, response_len]``: ``self_certainty_weight`` times the advantages on self-certainty, plus
+    ``external_reward_weight`` times GRPO's advantages on the reward functions' ``token_level_scores`` in
+    ``external`` (normalised within each group on their own; None when that weight is 0)."""
+    total = settings.self_certainty_weight * certainty_advantages
+    if external is None:
+        return total
+    external_advantages, _ = compute_advantage(
+        {
+            "token_level_rewards": external["token_level_scores"],
+            "response_mask": rollouts["response_mask"],
+            "group_ids": rollouts["group_ids"],
+        },
+        "grpo",
+    )
+    return total + settings.external_reward_weight * external_advantages
+
+
 def intuitor_step(runtime: Runtime, prompts: Batch) -> Batch:
     """One INTUITOR step: sample, score by self-certainty, GRPO advantages, update with KL to the reference."""
     settings = recipe_settings(runtime.config, IntuitorSettings)
@@ -66,18 +99,9 @@ def intuitor_step(runtime: Runtime, prompts: Batch) -> Batch:
     rollouts |= ref_log_probs(runtime, rollouts)  # for beta * KL(pi || pi_ref) in the loss
     rollouts |= advantages(runtime, rollouts)  # (u_i - mean_group(u)) / std_group(u)
     runtime.record({"intuitor/self_certainty_mean": rollouts["scores"].mean().item()})
-    if settings.external_reward_weight > 0:
-        external = score(runtime, rollouts)  # normalised on its own, then added with its weight
-        external_advantages, _ = compute_advantage(
-            {
-                "token_level_rewards": external["token_level_scores"],
-                "response_mask": rollouts["response_mask"],
-                "group_ids": rollouts["group_ids"],
-            },
-            "grpo",
-        )
-        total = rollouts.pop("advantages")["advantages"] + settings.external_reward_weight * external_advantages
-        rollouts = without_labels(rollouts) | Batch({"advantages": total})
+    external = score(runtime, rollouts) if settings.external_reward_weight > 0 else None
+    total = combined_advantages(rollouts.pop("advantages")["advantages"], external, rollouts, settings)
+    rollouts = without_labels(rollouts) | Batch({"advantages": total})
     update_actor(runtime, rollouts)  # clipped surrogate + 0.005 * k3 KL to pi_ref (config)
     return rollouts
 

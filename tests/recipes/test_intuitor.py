@@ -45,6 +45,27 @@ def test_the_advantage_is_grpo_on_hand_computed_self_certainties():
     torch.testing.assert_close(advantages, torch.tensor(expected)[:, None] * mask, atol=1e-6, rtol=0)
 
 
+def test_labelled_grpo_is_the_external_advantage_alone_and_the_weights_add():
+    # 4 responses in groups of 2; exact-match scores 1, 0 | 0, 0 at each response's last token.
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
+    rollouts = Batch({"response_mask": mask, "group_ids": torch.tensor([0, 0, 1, 1])})
+    external = Batch({"token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])})
+    certainty = torch.tensor([[3.0, 3.0], [-2.0, 0.0], [0.5, 0.5], [-0.5, -0.5]])
+    # Group 0: scores 1, 0 -> mean 0.5, Bessel std sqrt(0.5) -> +/- 0.5 / sqrt(0.5); group 1 all equal -> 0.
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    grpo = torch.tensor([[a, a], [-a, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    labelled = intuitor.IntuitorSettings(self_certainty_weight=0.0, external_reward_weight=1.0)
+    got = intuitor.combined_advantages(certainty, external, rollouts, labelled)
+    torch.testing.assert_close(got, grpo, atol=1e-6, rtol=0)
+    mixed = intuitor.IntuitorSettings(self_certainty_weight=0.5, external_reward_weight=2.0)
+    got = intuitor.combined_advantages(certainty, external, rollouts, mixed)
+    torch.testing.assert_close(got, 0.5 * certainty + 2.0 * grpo, atol=1e-6, rtol=0)
+    label_free = intuitor.IntuitorSettings()
+    assert intuitor.combined_advantages(certainty, None, rollouts, label_free).equal(certainty)
+    with pytest.raises(ValueError, match="recipe.self_certainty_weight and recipe.external_reward_weight"):
+        intuitor.IntuitorSettings(self_certainty_weight=0.0)
+
+
 class ColumnRecordingActor(ActorRolloutRefWorker):
     """Records the columns of every Batch the actor receives (rank 0)."""
 
