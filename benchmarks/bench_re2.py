@@ -38,7 +38,7 @@ from recipes.arithmetic_demo import main as DEMO
 from recipes.dapo import main as DAPO
 from recipes.re2 import main as RE2
 from recipes.re2 import re2_task as TASK
-from trainer.config import load_config, recipe_settings
+from trainer.config import RunConfig, load_config, recipe_settings
 from trainer.fit import Every, Progress, StopAt, fit
 from trainer.ray_runtime import start_ray
 from trainer.runtime import Runtime
@@ -155,6 +155,41 @@ def held_out(runtime: Runtime, samples: int) -> dict[str, float]:
     }
 
 
+def curve_to_budget(
+    config: RunConfig,
+    step_fn: Callable[[Runtime, Batch], Batch],
+    measure: Callable[[Runtime], dict[str, float]],
+    budget_tokens: float,
+    eval_every_tokens: float,
+    label: str,
+) -> list[dict]:
+    """Train with ``step_fn`` under `fit` until ``budget_tokens`` response tokens are generated; at the start
+    and every ``eval_every_tokens`` one point: the tokens, steps and training seconds so far and
+    ``measure(runtime)``, printed after ``label``."""
+    curve: list[dict] = []
+
+    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
+        point = {
+            "tokens": progress.generated_tokens,
+            "step": progress.steps,
+            "train_s": progress.seconds,
+            **measure(runtime),
+        }
+        curve.append(point)
+        print(f"{label}: " + "  ".join(f"{key} {value:.4g}" for key, value in point.items()), flush=True)
+        return {}
+
+    with start_ray(config), Runtime(config) as runtime:
+        fit(
+            runtime,
+            step_fn,
+            stop=StopAt(generated_tokens=budget_tokens),
+            evaluate=evaluate,
+            evaluate_every=Every(generated_tokens=eval_every_tokens),
+        )
+    return curve
+
+
 def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) -> list[dict]:
     config_path, step_fn, overrides = ALGORITHMS[name]
     config = load_config(
@@ -170,35 +205,14 @@ def run(name: str, model_dir: Path, data_dir: Path, args: argparse.Namespace) ->
             f"trainer.output_dir=outputs/bench_re2/{name}",
         ],
     )
-    curve: list[dict] = []
-
-    def evaluate(runtime: Runtime, progress: Progress) -> dict[str, float]:
-        point = {
-            "tokens": progress.generated_tokens,
-            "step": progress.steps,
-            "train_s": progress.seconds,
-            **held_out(runtime, args.samples),
-        }
-        curve.append(point)
-        print(
-            f"{name:>5} step {point['step']:>4} tokens {point['tokens']:>8.0f} "
-            f"train {point['train_s']:>6.0f} s  "
-            f"redo {point['redo_rate']:.1%}  accuracy (non-redo) {point['accuracy_non_redo']:.1%}  "
-            f"rounds {point['expected_rounds']:.2f}  redo after a wrong / right first digit "
-            f"{point['redo_after_wrong_start']:.1%} / {point['redo_after_right_start']:.1%}",
-            flush=True,
-        )
-        return {}
-
-    with start_ray(config), Runtime(config) as runtime:
-        fit(
-            runtime,
-            step_fn,
-            stop=StopAt(generated_tokens=args.budget_tokens),
-            evaluate=evaluate,
-            evaluate_every=Every(generated_tokens=args.eval_every_tokens),
-        )
-    return curve
+    return curve_to_budget(
+        config,
+        step_fn,
+        lambda runtime: held_out(runtime, args.samples),
+        args.budget_tokens,
+        args.eval_every_tokens,
+        name,
+    )
 
 
 def main() -> None:

@@ -41,7 +41,14 @@ from recipes.re2.re2_prefixes import (
     cut_lengths,
     prefix_token_lists,
 )
-from recipes.re2.re2_redo import REDO_PHRASE, is_redo, redo_metrics, redo_rewards, restart_outcomes
+from recipes.re2.re2_redo import (
+    REDO_PHRASE,
+    is_redo,
+    redo_after_prefixes,
+    redo_metrics,
+    redo_rewards,
+    restart_outcomes,
+)
 from recipes.re2.re2_task import ensure_task, instructed_copy
 from trainer.config import RunConfig, load_config, recipe_field, recipe_settings
 from trainer.fit import Progress, fit
@@ -149,7 +156,8 @@ def two_stage_rollout(
     runtime: Runtime, queries: Batch, settings: Re2Settings, round_index: int
 ) -> tuple[Batch, Batch]:
     """Steps 1-4 for one batch of queries: ``len(queries) * n * m`` rewarded continuations, rows ordered
-    query, prefix, continuation, with ``group_ids [rows, 2]`` = (query in this round, prefix); and the
+    query, prefix, continuation, with ``group_ids [rows, 2]`` = (query in this round, prefix) and the flags of
+    the first-stage sample each prefix was cut from (``source_correct``, ``source_redo``); and the
     ``correct`` and ``redo`` flags of the ``len(queries) * n`` first-stage samples."""
     n, m = runtime.config.rollout.n, settings.continuations
     limit = runtime.config.data.max_response_length
@@ -184,6 +192,7 @@ def two_stage_rollout(
     rows = torch.arange(len(rollouts)) // m  # the full sample (= prefix) each continuation comes from
     group_ids = torch.stack([round_index * len(queries) + rows // n, rows % n], dim=1)
     rollouts = with_columns(rollouts, rewarded(runtime, rollouts, settings, group_ids))
+    rollouts = with_columns(rollouts, Batch({"source_correct": correct[rows], "source_redo": redo[rows]}))
     runtime.record({"re2/generated_tokens": runtime.step_metrics.get("re2/generated_tokens", 0) + generated})
     return rollouts, Batch({"correct": correct, "redo": redo})
 
@@ -221,7 +230,7 @@ def re2_step(runtime: Runtime, prompts: Batch) -> Batch:
         queries = prompts if rounds == 0 else runtime.next_prompts()
         rollouts, samples = two_stage_rollout(runtime, queries, settings, rounds)
         first.append(samples)
-        continuations.append(rollouts.select("correct", "redo"))
+        continuations.append(rollouts.select("correct", "redo", "source_correct", "source_redo", "prefix_lengths"))
         kept.append(informative(rollouts))
         rounds += 1
     sampled, fresh = Batch.concat(continuations), Batch.concat(first)
@@ -230,6 +239,13 @@ def re2_step(runtime: Runtime, prompts: Batch) -> Batch:
         {
             **redo_metrics(fresh["correct"], fresh["redo"], "re2"),  # the policy from scratch
             **redo_metrics(sampled["correct"], sampled["redo"], "re2/continuation"),
+            **redo_after_prefixes(
+                sampled["redo"],
+                sampled["source_correct"],
+                sampled["source_redo"],
+                sampled["prefix_lengths"],
+                "re2/continuation",
+            ),
             "re2/rounds": float(rounds),
             "re2/prefix_groups_kept": float(min(kept_rows, wanted) // settings.continuations),
             "re2/kept_fraction": kept_rows / len(sampled),

@@ -136,6 +136,21 @@ def redo_metrics(correct: Tensor, redo: Tensor, prefix: str = "re2") -> dict[str
     }
 
 
+def redo_after_prefixes(
+    redo: Tensor, source_correct: Tensor, source_redo: Tensor, prefix_lengths: Tensor, prefix: str
+) -> dict[str, float]:
+    """Whether redo is selective: the redo rate of continuations after a right prefix (cut from a first-stage
+    sample that was correct) and after a wrong one (cut from a sample that answered wrongly), as
+    ``{prefix}/redo_after_right_prefix`` and ``{prefix}/redo_after_wrong_prefix`` (NaN where there is no such
+    continuation). Empty prefixes and prefixes of samples that were themselves redos count in neither.
+    Every argument is ``[continuations]``: bool flags, and ``prefix_lengths`` in tokens."""
+    cut = (prefix_lengths > 0) & ~source_redo.bool()
+    rates = {}
+    for name, rows in (("right", cut & source_correct.bool()), ("wrong", cut & ~source_correct.bool())):
+        rates[f"{prefix}/redo_after_{name}_prefix"] = redo[rows].double().mean().item() if rows.any() else math.nan
+    return rates
+
+
 def restart_outcomes(
     correct: Tensor, redo: Tensor, attempt: Callable[[Tensor, int], tuple[Tensor, Tensor]], restarts: int
 ) -> tuple[Tensor, Tensor, Tensor]:

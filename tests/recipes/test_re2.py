@@ -207,6 +207,19 @@ def test_redo_metrics():
     assert everything["v/expected_rounds"] == math.inf and math.isnan(everything["v/accuracy_non_redo"])
 
 
+def test_redo_after_right_and_wrong_prefixes():
+    # 7 continuations: prefixes of a correct source (rows 0-2), a wrong one (rows 3-4), an empty prefix
+    # (row 5, counted in neither) and a prefix of a source that redid itself (row 6, neither).
+    redo_flags = torch.tensor([1, 0, 0, 1, 1, 1, 1], dtype=torch.bool)
+    source_correct = torch.tensor([1, 1, 1, 0, 0, 1, 0], dtype=torch.bool)
+    source_redo = torch.tensor([0, 0, 0, 0, 0, 0, 1], dtype=torch.bool)
+    prefix_lengths = torch.tensor([3, 5, 1, 2, 4, 0, 6])
+    rates = redo.redo_after_prefixes(redo_flags, source_correct, source_redo, prefix_lengths, "c")
+    assert rates == {"c/redo_after_right_prefix": pytest.approx(1 / 3), "c/redo_after_wrong_prefix": 1.0}
+    none_wrong = redo.redo_after_prefixes(redo_flags[:3], source_correct[:3], source_redo[:3], prefix_lengths[:3], "c")
+    assert math.isnan(none_wrong["c/redo_after_wrong_prefix"])
+
+
 # ---------------------------------------------------------------------------- the two-stage rollout's rows
 
 
