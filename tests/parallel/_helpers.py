@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridflow.parallel import VARLEN_SDPA
+from hybridflow.parallel.launch import run_ranks
 
 VOCAB = 101
 
@@ -52,25 +49,14 @@ def skewed_batch(
     return input_ids.masked_fill(mask == 0, VOCAB - 1), mask
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, world_size: int, port: int, fn: Callable[..., None], args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
-    )
+def _one_thread(rank: int, world_size: int, fn: Callable[..., None], args: tuple) -> None:
     # Two processes on two cores: one thread each, or they fight over the cores.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
+    fn(rank, world_size, *args)
 
 
 def run_distributed(fn: Callable[..., None], world_size: int, *args: object) -> None:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; a failure in any raises here."""
-    mp.spawn(_worker, args=(world_size, _free_port(), fn, args), nprocs=world_size, join=True)
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes of one thread each
+    (`hybridflow.parallel.launch.run_ranks`, which starts again on another port if its first is taken);
+    a failure in any raises here."""
+    run_ranks(_one_thread, world_size, fn, args, timeout_s=900)
