@@ -62,7 +62,7 @@ def test_labelled_grpo_is_the_external_advantage_alone_and_the_weights_add():
     torch.testing.assert_close(got, 0.5 * certainty + 2.0 * grpo, atol=1e-6, rtol=0)
     label_free = intuitor.IntuitorSettings()
     assert intuitor.combined_advantages(certainty, None, rollouts, label_free).equal(certainty)
-    with pytest.raises(ValueError, match="recipe.self_certainty_weight and recipe.external_reward_weight"):
+    with pytest.raises(ValueError, match=r"recipe\.self_certainty_weight and recipe\.external_reward_weight"):
         intuitor.IntuitorSettings(self_certainty_weight=0.0)
 
 
