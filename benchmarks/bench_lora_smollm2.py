@@ -29,7 +29,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from _recipe_runs import REPO, records, run_recipe, seeded_schedule, steps_done
+from _recipe_runs import completed_run, seeded_schedule
 
 OUT = Path("outputs/bench_lora_smollm2")
 
@@ -80,15 +80,12 @@ def main() -> None:
     for seed in args.seeds:
         for mode in args.modes:
             folder = OUT / f"{mode}_seed{seed}_steps{args.steps}"
-            if args.fresh or steps_done(folder) < args.steps:
-                (REPO / folder / "metrics.jsonl").unlink(missing_ok=True)
-                overrides = [
-                    *seeded_schedule(args.steps, args.val_every, seed),
-                    *mode_overrides(mode, seed, args.rank, args.lora_lr),
-                    *args.set,
-                ]
-                print(f"{mode} seed {seed}: {run_recipe(folder, overrides):.0f} s", flush=True)
-            results[mode, seed] = summary(records(folder))
+            overrides = [
+                *seeded_schedule(args.steps, args.val_every, seed),
+                *mode_overrides(mode, seed, args.rank, args.lora_lr),
+                *args.set,
+            ]
+            results[mode, seed] = summary(completed_run(folder, overrides, args.steps, fresh=args.fresh))
 
     val_steps = sorted({step for r in results.values() for step in r["accuracy"]})
     header = ["mode", "seed", *(f"acc@{s}" for s in val_steps), "generation s", "update s", "step s", "train min"]
