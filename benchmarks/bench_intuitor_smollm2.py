@@ -15,6 +15,7 @@ order and the same sampling seeds. From each run's ``metrics.jsonl`` it prints h
 before training and every ``--val-every`` steps, the held-out greedy response length, the training
 samples' mean length and truncated share and self-certainty over the first and last 5 steps, the prompts,
 generated tokens and seconds of training (8 prompts x 7 samples a step); then the mean over seeds of each side.
+Each run also keeps the samples it trained on (``trainer.rollout_dump``: ``<run>/rollouts/step_<k>.jsonl``).
 
 Run:  python benchmarks/bench_intuitor_smollm2.py [--arms intuitor grpo] [--seeds 0 1 2] [--steps 20]
       [--lr 2e-5]   (a complete run is reused; --fresh runs it again; --report runs nothing)
@@ -67,6 +68,7 @@ def shared_overrides(lr: float, steps: int) -> list[str]:
         "resource.slots_per_node=1",
         "resource.cpus_per_slot=2",
         "trainer.val_before_train=true",
+        "trainer.rollout_dump=true",  # the trained samples' text, to read what a run converged to
     ]
 
 

@@ -396,7 +396,7 @@ def _measure(overrides: list[str], steps: int) -> tuple[Any, dict[str, list[dict
     process names (the colocated one, or ``actor_rollout`` and ``rollout`` for a split placement)."""
     from hybridflow.data import write_rows
     from hybridflow.parallel.launch import run_ranks
-    from hybridflow.resharding.transport import free_port
+    from hybridflow.resharding.transport import hosted_store
     from trainer.config import load_config
     from trainer.model_setup import prepare_model_dir
     from trainer.plan import plan_memory
@@ -423,8 +423,11 @@ def _measure(overrides: list[str], steps: int) -> tuple[Any, dict[str, list[dict
         if not config.resource.splits_rollout:
             measured = run_ranks(_rank_job, actor_world, full, str(model_dir), steps, timeout_s=1800)
             return plan, {plan.processes[0].roles: measured}
-        # Each pool is a process group of its own (as on Ray); the pushes join them over the weight group.
-        port = free_port()
+        # Each pool is a process group of its own (as on Ray); the pushes join them over the weight group,
+        # whose store this process hosts for the two pools' processes.
+        engines = config.resource.world_size_of("rollout")
+        store = hosted_store("127.0.0.1", 1 + engines)
+        port = store.port
         with ThreadPoolExecutor(2) as pool:
             pools = {
                 role: pool.submit(

@@ -25,9 +25,11 @@ checkpoint folder, `PARTIAL_FILE`) every held group's samples so far; a resumed 
 into the pool, holds them again and continues their samples where they paused, and starts from scratch
 only the held prompts the pool file does not hold. With the rollout on a pool of its own, the pool also
 holds the round left running while the trainer works (`PendingRound`): the samples it continues, the
-next step's prompts it started (taken through `PromptStream.peek`, so a checkpoint does not count them
-as handed out, and the pool's state leaves them out) and the Ray futures of its calls; a checkpoint
-loses that round's tokens, and the resumed run generates them again.
+next step's prompts it started (taken through `PromptStream.peek`) and the Ray futures of its calls. A
+checkpoint settles that round: it waits for it and saves every group with the round's tokens added
+(`PartialPool.settled`), and the stream counts the batch the round started as handed out and held
+(`PromptStream.state_dict`'s ``started``), so a resumed run continues those samples too and generates
+nothing twice.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,7 +47,7 @@ from hybridflow.controller import GroupFuture
 from hybridflow.data import PromptLoader
 from hybridflow.data.collate import PromptCollator
 from hybridflow.protocol import Batch
-from hybridflow.rollout.partial import PartialSample, RoundCall, start_samples
+from hybridflow.rollout.partial import PartialSample, RoundCall, start_samples, take_output
 from hybridflow.rollout.sampling import SamplingParams
 
 __all__ = [
@@ -146,14 +148,28 @@ class PromptStream:
             if not self._held[index]:
                 del self._held[index]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, started: Batch | None = None) -> dict[str, Any]:
         """The data position of the next batch `next` returns: batches taken only through `peek` are
         not counted, so a resume hands them out again. Held and owed prompts, if any, are listed under
         `OWED_KEY` (dataset indices, held first, a prompt held twice listed twice), for the resumed
-        stream to hand out first."""
-        state = dict(self._ahead[0][1]) if self._ahead else dict(self.loader.state_dict())
-        if self._held or self._owed:
-            state[OWED_KEY] = [*self._held.elements(), *self._owed]
+        stream to hand out first.
+
+        Args:
+            started: the look-ahead's first batch (``peek(0)``, the same object) when its samples were
+                started and are saved with the checkpoint (the batch a round left running on the rollout
+                pool started): it counts as handed out and held, so the position is after it and its
+                prompts are listed last under `OWED_KEY`.
+        """
+        ahead = list(self._ahead)
+        held = list(self._held.elements())
+        if started is not None:
+            if not ahead or ahead[0][0] is not started:
+                raise ValueError("PromptStream.state_dict: started must be the look-ahead's first batch, peek(0)")
+            ahead = ahead[1:]
+            held += [int(i) for i in started["index"]]
+        state = dict(ahead[0][1]) if ahead else dict(self.loader.state_dict())
+        if held or self._owed:
+            state[OWED_KEY] = [*held, *self._owed]
         return state
 
     def load_state_dict(self, state: dict[str, Any], kept: Sequence[int] = ()) -> None:
@@ -223,15 +239,25 @@ class PendingRound:
     version: int
     admitted: Batch | None
     cap: int
+    _outputs: list[Batch] | None = field(default=None, repr=False)
+
+    def outputs(self) -> list[Batch]:
+        """Each call's output, in the order of ``calls``: the first call waits for the pool, later ones
+        return the same Batches (a checkpoint and then the next step both read the round)."""
+        if self._outputs is None:
+            self._outputs = [future.get() for _, future in self.calls]
+        return self._outputs
 
 
 class PartialPool:
-    """The prompt groups started and not yet trained, oldest first, and the round left running on a
-    rollout pool of its own (``pending``; None when colocated or when none runs)."""
+    """The prompt groups started and not yet trained, oldest first, the round left running on a
+    rollout pool of its own (``pending``; None when colocated or when none runs), and the step that
+    last generated (``generated_in_step``; 0: none yet), since a step generates once."""
 
     def __init__(self) -> None:
         self.groups: list[PartialGroup] = []
         self.pending: PendingRound | None = None
+        self.generated_in_step = 0
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -263,21 +289,35 @@ class PartialPool:
         self.groups = [group for group in self.groups if id(group) not in chosen]
         return taken
 
-    def held_groups(self) -> list[PartialGroup]:
-        """The groups whose prompts the stream holds: all but those the round left running started
-        (``pending.admitted``, only peeked; `PartialPool.start` appended them last)."""
-        admitted = self.pending.admitted if self.pending is not None else None
-        return self.groups[: len(self.groups) - len(admitted)] if admitted is not None else list(self.groups)
+    def settled(self) -> list[PartialGroup]:
+        """The groups as they will be once the round left running (``pending``) is collected: copies of
+        the samples with that round's tokens added (this waits for the round), the pool itself
+        unchanged. Without a pending round, the groups themselves."""
+        if self.pending is None:
+            return list(self.groups)
+        copies = {
+            id(sample): replace(
+                sample, token_ids=list(sample.token_ids), log_probs=list(sample.log_probs), versions=list(sample.versions)
+            )
+            for group in self.groups
+            for sample in group.samples
+        }
+        for (call, _), out in zip(self.pending.calls, self.pending.outputs(), strict=True):
+            samples = [copies[id(sample)] for sample in call.samples]
+            take_output(samples, out, self.pending.version, self.pending.cap)
+        return [
+            PartialGroup(group.prompt, group.index, group.version, [copies[id(s)] for s in group.samples])
+            for group in self.groups
+        ]
 
     def state_dict(self) -> dict[str, Any]:
-        """The held groups (`held_groups`, oldest first) as plain data for a checkpoint: each group's
-        dataset ``index``, ``version``, prompt ``width`` (the left-padded width of the batch it was
-        handed out in) and ``samples``, each with ``group`` (its row in that batch), ``token_ids``
-        (int64 ``[tokens so far]``), ``log_probs`` (float64 ``[tokens so far]``, nats),
-        ``versions`` (int64 ``[tokens so far]``), ``finish_reason`` and ``rounds``.
-
-        The round left running on a rollout pool is not saved: its samples are saved as they were
-        before it, and the prompts it started are not held (the stream hands them out again)."""
+        """Every group (`settled`: with the tokens of the round left running, if any, which this waits
+        for), oldest first, as plain data for a checkpoint: each group's dataset ``index``, ``version``,
+        prompt ``width`` (the left-padded width of the batch it was handed out in) and ``samples``, each
+        with ``group`` (its row in that batch), ``token_ids`` (int64 ``[tokens so far]``), ``log_probs``
+        (float64 ``[tokens so far]``, nats), ``versions`` (int64 ``[tokens so far]``),
+        ``finish_reason`` and ``rounds``. The prompts of a round's ``admitted`` batch are among them:
+        the stream's state must count that batch as handed out (`PromptStream.state_dict`'s ``started``)."""
         return {
             "groups": [
                 {
@@ -296,7 +336,7 @@ class PartialPool:
                         for sample in group.samples
                     ],
                 }
-                for group in self.held_groups()
+                for group in self.settled()
             ]
         }
 

@@ -245,7 +245,8 @@ class Runtime:
         position, KL coefficient, the training monitor's windows) and the run's identity, which makes it
         complete. With partial rollouts (``async_rollout.partial_round_tokens > 0``) the folder also
         holds `trainer.rollout_queue.PARTIAL_FILE`: the samples of the prompts started and not yet
-        trained, so that a resumed run continues them (`resume`). A full disk
+        trained, so that a resumed run continues them (`resume`); with the rollout on a pool of its own,
+        the save waits for the round left running there and keeps its tokens too. A full disk
         raises `DiskFullError` naming the step and the space needed and free, and leaves no partial
         folder behind."""
 
@@ -256,8 +257,11 @@ class Runtime:
             if self.config.async_rollout.partial_round_tokens:
                 torch.save(self.rollouts_ahead.partial.state_dict(), path / PARTIAL_FILE)
 
+        # A round left running on the rollout pool is settled into the checkpoint (PartialPool.state_dict
+        # waits for it): the batch it started is then handed out as far as the checkpoint is concerned.
+        pending = self.rollouts_ahead.partial.pending
         state = {
-            "loader": self.prompts.state_dict(),
+            "loader": self.prompts.state_dict(started=pending.admitted if pending is not None else None),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "monitor": self.monitor.state_dict(),
         }

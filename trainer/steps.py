@@ -242,6 +242,8 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     pool = runtime.rollouts_ahead.partial
     split = runtime.rollout is not runtime.actor
     wanted = runtime.config.data.train_batch_size
+    _refuse_extra_generation(runtime, pool, len(prompts))
+    pool.generated_in_step = runtime.step
     pad = runtime.tokenizer.pad_token_id
     admitted = pool.pending.admitted if pool.pending is not None else None
     if admitted is not None and prompts is not admitted:
@@ -286,12 +288,6 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
             # finished before. Streaming, the round left running during the update did that.
             if not due and pool.complete() >= wanted and (blocking or split or not rest):
                 break
-            if not due and not rest:
-                raise ValueError(
-                    f"async_rollout.partial_round_tokens: {pool.complete()} prompts have finished and none "
-                    f"is running, fewer than data.train_batch_size={wanted}; generate was given "
-                    f"{len(prompts)} prompts (a step must start a full batch of prompts)"
-                )
             forced += len(due)
             for kind, (samples, budget) in enumerate(((due, None), (rest, settings.partial_round_tokens))):
                 if samples:
@@ -328,6 +324,27 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     return rows | add_group_ids(rows, sampling.n) | decode_responses(rows, runtime.tokenizer)
 
 
+def _refuse_extra_generation(runtime: Runtime, pool: PartialPool, prompts: int) -> None:
+    """The bound of partial rollouts rests on one batch started and one trained per step: a step that
+    generates twice (dynamic sampling, a second phase) or starts more or fewer prompts (over-sampling)
+    would leave more prompts due in a later step than it trains, and a token past
+    ``async_rollout.max_staleness``. Refused here, before anything starts, with a ``ValueError``."""
+    key = f"async_rollout.partial_round_tokens={runtime.config.async_rollout.partial_round_tokens}"
+    if pool.generated_in_step == runtime.step:
+        raise ValueError(
+            f"{key}: step {runtime.step} called generate a second time; partial rollouts start one batch and "
+            "train one batch a step, which is what keeps async_rollout.max_staleness (a step that generates "
+            "more than once, such as dynamic sampling, runs without partial rollouts)"
+        )
+    wanted = runtime.config.data.train_batch_size
+    if prompts != wanted:
+        raise ValueError(
+            f"{key}: generate was given {prompts} prompts; partial rollouts start data.train_batch_size="
+            f"{wanted} a step (the batch runtime.next_prompts hands out), which is what keeps "
+            "async_rollout.max_staleness"
+        )
+
+
 _STREAMED_ROUND = 2
 """The key that seeds a round left running on the pool apart from the step's blocking rounds (0, 1)."""
 
@@ -336,8 +353,9 @@ def _submit_round(runtime: Runtime, pool: PartialPool, sampling: SamplingParams,
     """Start one round of ``async_rollout.partial_round_tokens`` on the rollout pool, without waiting:
     over every unfinished sample of ``pool`` and the prompt stream's next batch, which it starts at
     ``version`` (the one the pool serves) unless a resumed stream still owes held prompts (the next
-    step then starts its prompts itself). The batch is only peeked: a checkpoint written while the round
-    runs counts it as not handed out, so a resumed run starts it again."""
+    step then starts its prompts itself). The batch is only peeked (the next step is handed it by
+    `Runtime.next_prompts`); a checkpoint written while the round runs waits for the round and keeps its
+    samples, counting the batch as handed out (`trainer.runtime.Runtime.save_checkpoint`)."""
     admitted = None if runtime.prompts.owes else runtime.prompts.peek(0)
     if admitted is not None:
         pool.start(admitted, sampling.n, version)
@@ -356,7 +374,8 @@ def _collect_round(runtime: Runtime, pool: PartialPool) -> tuple[int, int]:
     """Wait for the round the step before left running (`_submit_round`) and add its tokens to their
     samples, stamped with the version the pool served for it; returns the samples it resumed and the
     tokens it generated. The wait is timed as the ``rollout_wait`` phase and recorded as
-    ``async/trainer_wait_s``, the pool's own seconds for the round as ``async/pool_generate_s``."""
+    ``async/trainer_wait_s`` (about 0 after a checkpoint, which waited for the round), the pool's own
+    seconds for the round as ``async/pool_generate_s``."""
     pending = pool.pending
     assert pending is not None
     pool.pending = None
@@ -364,11 +383,11 @@ def _collect_round(runtime: Runtime, pool: PartialPool) -> tuple[int, int]:
     busy = 0.0
     started = time.perf_counter()
     with runtime.timer.phase("rollout_wait"):
-        for call, future in pending.calls:
-            out = future.get()
-            require_columns(out, _POOL_WRITES, "rollout.generate_sequences", produced=True)
-            busy += out.meta["rollout_metrics"]["timing_s/generate"]
-            generated += take_output(call.samples, out, pending.version, pending.cap)
+        outputs = pending.outputs()
+    for (call, _), out in zip(pending.calls, outputs, strict=True):
+        require_columns(out, _POOL_WRITES, "rollout.generate_sequences", produced=True)
+        busy += out.meta["rollout_metrics"]["timing_s/generate"]
+        generated += take_output(call.samples, out, pending.version, pending.cap)
     runtime.record({"async/trainer_wait_s": time.perf_counter() - started, "async/pool_generate_s": busy})
     return sum(call.resumed for call, _ in pending.calls), generated
 

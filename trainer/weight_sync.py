@@ -16,8 +16,8 @@ __all__ = ["connect_weight_group", "push_weights"]
 
 def connect_weight_group(actor: RayWorkerGroup, rollout: RayWorkerGroup) -> None:
     """Make the weight group: the actor's rank 0 (sender, group rank 0) and every rollout rank."""
-    address, port = actor.weight_group_address()[0]
     world_size = 1 + rollout.world_size
+    address, port = actor.weight_group_address(world_size)[0]
     wait_together(
         [actor.join_weight_group(address, port, world_size), rollout.join_weight_group(address, port, world_size)]
     )

@@ -12,10 +12,11 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 
 from hybridflow.controller import register
 from hybridflow.resharding.manager import ReshardingManager
-from hybridflow.resharding.transport import BroadcastSender, free_port, open_weight_group
+from hybridflow.resharding.transport import BroadcastSender, hosted_store, open_weight_group
 
 __all__ = ["WeightPushing"]
 
@@ -26,6 +27,7 @@ class WeightPushing:
     adapters, pushed merged), ``update_steps`` and the worker's ``rank`` and ``device``."""
 
     _pushed_version: int | None = None
+    _weight_store: dist.TCPStore | None = None  # the weight group's store, once rank 0 hosts it
 
     def require_colocated_engine(self, method: str) -> None:
         """Refuse ``method`` where the engines live in the rollout pool (a push there would wait on
@@ -37,15 +39,22 @@ class WeightPushing:
             )
 
     @register(dispatch="one_to_all", execute="rank_zero")
-    def weight_group_address(self) -> tuple[str, int]:
-        """Where the weight group's store will listen: this node's address and a free port."""
-        return self.master_addr, free_port()
+    def weight_group_address(self, world_size: int) -> tuple[str, int]:
+        """Start the weight group's store on this rank (rank 0) and return where it listens: this node's
+        address and the port the store bound."""
+        self._weight_store = hosted_store(self.master_addr, world_size)
+        return self.master_addr, self._weight_store.port
 
     @register(dispatch="one_to_all", blocking=False)
     def join_weight_group(self, address: str, port: int, world_size: int) -> None:
-        """Rank 0 joins the weight group as its sender (group rank 0); every rank builds the manager
+        """Rank 0 joins the weight group as its sender (group rank 0), on the store it hosts
+        (`weight_group_address`) or else the one at ``address:port``; every rank builds the manager
         that streams into it (the others take part in its all-gathers only)."""
-        group = open_weight_group(address, port, 0, world_size, self.device) if self.rank == 0 else None
+        group = (
+            open_weight_group(address, port, 0, world_size, self.device, hosted=self._weight_store)
+            if self.rank == 0
+            else None
+        )
         self.weight_sender = BroadcastSender(group, self.resharding_config.bucket_bytes, self.device)
         self.resharder = ReshardingManager(
             self.model,

@@ -22,12 +22,6 @@ from hybridflow.parallel.threads import set_this_thread_torch_threads
 __all__ = ["WorkerHost"]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 class WorkerHost:
     """Holds the colocated role objects of one rank.
 
@@ -45,12 +39,19 @@ class WorkerHost:
         self.use_gpu = use_gpu
         self.roles: dict[str, Worker] = {}
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's IP and a free port, for rank 0 to offer as the group's rendezvous point."""
-        return socket.gethostbyname(socket.gethostname()), _free_port()
+    def rendezvous_address(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 only: start the group's store on this node, on a port the OS assigns as it binds (so
+        no other process can take the port between a pick and the bind), and return this node's IP and
+        that port, the rendezvous point of the group's `init_distributed`."""
+        address = socket.gethostbyname(socket.gethostname())
+        self.store = dist.TCPStore(
+            address, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        )
+        return address, self.store.port
 
     def init_distributed(self, master_addr: str, master_port: int, timeout_s: float) -> int:
-        """Install the worker context and join the group's process group (collective)."""
+        """Install the worker context and join the group's process group (collective) at the store rank
+        0 hosts (`rendezvous_address`)."""
         context = WorkerContext(
             rank=self.rank,
             world_size=self.world_size,
@@ -62,12 +63,10 @@ class WorkerHost:
         install_context(context)
         if self.use_gpu:
             torch.cuda.set_device(context.device)
+        timeout = timedelta(seconds=timeout_s)
+        store = self.store if self.rank == 0 else dist.TCPStore(master_addr, master_port, self.world_size, timeout=timeout)
         dist.init_process_group(
-            backend=context.backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            backend=context.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout
         )
         return os.getpid()
 

@@ -101,7 +101,7 @@ class RayHostSet:
                         **resources,
                     ).remote(rank, len(slots), slot.local_rank, pool.use_gpu, torch_threads)
                 )
-            addr, port = ray.get(self.hosts[0].rendezvous_address.remote(), timeout=init_timeout_s)
+            addr, port = ray.get(self.hosts[0].rendezvous_address.remote(collective_timeout_s), timeout=init_timeout_s)
             self.pids: list[int] = ray.get(
                 [h.init_distributed.remote(addr, port, collective_timeout_s) for h in self.hosts],
                 timeout=init_timeout_s,

@@ -26,7 +26,6 @@ keep the tensors it was handed (vLLM holds q, k, v until the fused layer is comp
 from __future__ import annotations
 
 import pickle
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ __all__ = [
     "BroadcastReceiver",
     "BroadcastSender",
     "TransportReport",
-    "free_port",
+    "hosted_store",
     "open_weight_group",
 ]
 
@@ -49,23 +48,33 @@ _ALIGN = 64
 _BUCKET, _END = 1, 0
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (for the weight group's store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def hosted_store(address: str, world_size: int, timeout_s: float = 1800.0) -> dist.TCPStore:
+    """The weight group's store, hosted by its rank 0 (the sender): it listens on ``address`` at a port the
+    OS assigns as it binds (``.port``, for the other members). Nothing picks a free port first and binds
+    it later, so no other process can take the port in between."""
+    return dist.TCPStore(
+        address, 0, world_size, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 def open_weight_group(
-    address: str, port: int, rank: int, world_size: int, device: torch.device, timeout_s: float = 1800.0
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    timeout_s: float = 1800.0,
+    hosted: dist.TCPStore | None = None,
 ) -> dist.ProcessGroup:
-    """Join the weight group: ``world_size`` processes, rank 0 the sender, which hosts the store.
+    """Join the weight group: ``world_size`` processes, rank 0 the sender.
 
-    A collective over the group's members only (each pool's default process group is untouched).
-    ``device`` picks the backend: gloo for CPU, NCCL for CUDA (every member must agree).
+    The group meets at one store: ``hosted``, when this process hosts it (`hosted_store`; the trainer's
+    rank 0 does), else the one listening at ``address:port``. A collective over the group's members only
+    (each pool's default process group is untouched). ``device`` picks the backend: gloo for CPU, NCCL
+    for CUDA (every member must agree).
     """
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)
+    store = hosted if hosted is not None else dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     store = dist.PrefixStore("hybridflow-weights", store)
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()

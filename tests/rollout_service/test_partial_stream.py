@@ -100,19 +100,26 @@ def test_a_checkpointed_pool_comes_back_sample_by_sample_and_its_prompts_are_hel
         sample.finish_reason = "stop" if k < 2 else None
     trained = pool.take(1)
     stream.release([group.index for group in trained])
-    # A started but not yet submitted round: its prompts are not held, and the pool's state leaves them out.
+    # A round left running on the rollout pool started the stream's next batch (only peeked): the
+    # checkpoint keeps its groups and counts the batch as handed out and held.
     admitted = stream.peek(0)
     pool.start(admitted, n=2, version=5)
     pool.pending = PendingRound([], 5, admitted, 8)
-    state = stream.state_dict()
+    with pytest.raises(ValueError, match="the look-ahead's first batch"):
+        stream.state_dict(started=stream.peek(1))
+    assert stream.state_dict()["position"] == 2  # without it: before the admitted batch
+    state = stream.state_dict(started=admitted)
+    assert state["position"] == 3 and state[OWED_KEY] == order[1:9]
     torch.save(pool.state_dict(), tmp_path / PARTIAL_FILE)
 
     restored = PartialPool()
     restored.load_state_dict(torch.load(tmp_path / PARTIAL_FILE, weights_only=True), loader.dataset, 0)
-    held = pool.groups[:5]
-    assert [(g.index, g.version, g.samples) for g in restored.groups] == [(g.index, g.version, g.samples) for g in held]
-    assert [g.index for g in restored.groups] == order[1:6] and restored.pending is None
-    for mine, theirs in zip(restored.groups, held, strict=True):
+    assert [(g.index, g.version, g.samples) for g in restored.groups] == [
+        (g.index, g.version, g.samples) for g in pool.groups
+    ]
+    assert [g.index for g in restored.groups] == order[1:9] and restored.pending is None
+    assert [g.version for g in restored.groups] == [3, 3, 4, 4, 4, 5, 5, 5]
+    for mine, theirs in zip(restored.groups, pool.groups, strict=True):
         for column in ("input_ids", "attention_mask", "position_ids"):
             assert torch.equal(mine.prompt[column], theirs.prompt[column])  # padded as in the batch it started in
         assert mine.prompt.non_tensors == theirs.prompt.non_tensors
@@ -122,14 +129,15 @@ def test_a_checkpointed_pool_comes_back_sample_by_sample_and_its_prompts_are_hel
     resumed = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
     resumed.load_state_dict(state, kept=[g.index for g in restored.groups])
     assert not resumed.owes  # nothing to start again
-    assert ids(resumed.next()) == order[6:9]  # the admitted batch, handed out again
-    assert sorted(resumed.state_dict()[OWED_KEY]) == sorted(order[1:6])  # held again, listed by a checkpoint
-    resumed.release(order[1:6])
+    assert ids(resumed.next()) == order[9:12]  # the batch after the admitted one
+    assert sorted(resumed.state_dict()[OWED_KEY]) == sorted(order[1:9])  # held again, listed by a checkpoint
+    resumed.release(order[1:9])
     assert OWED_KEY not in resumed.state_dict()
 
     # Held prompts a checkpoint has no samples of are owed, in the listed order; kept ones must be listed.
     partly = PromptStream(PromptLoader(loader.dataset, 3, 0, seed=5))
     partly.load_state_dict(state, kept=order[2:5])
     assert ids(partly.next()) == [order[1], order[5], order[6]]
-    with pytest.raises(ValueError, match=rf"prompts \[{order[7]}\] are kept by the partial-rollout pool"):
-        PromptStream(loader).load_state_dict(state, kept=[order[7]])
+    assert ids(partly.next()) == [*order[7:9], order[9]]
+    with pytest.raises(ValueError, match=rf"prompts \[{order[10]}\] are kept by the partial-rollout pool"):
+        PromptStream(loader).load_state_dict(state, kept=[order[10]])

@@ -7,16 +7,18 @@ One run: the settings of test_partial_trainer.py (8 prompts a step, 4 samples ea
 the pool, and a new runtime resumes from that checkpoint for steps 3 and 4. The step function keeps each
 step's rollouts and the actor's weights before its update (those of version ``step - 1``).
 
-By hand, with batches B1..B4 of the data order: step 1 (version 0) starts B1 only (at ``max_staleness``
+By hand, with batches B1..B5 of the data order: step 1 (version 0) starts B1 only (at ``max_staleness``
 1 a second batch of version 0 could not all train in step 2), runs rounds until B1 finished, trains it
 and submits one round of 3 tokens over B2 on version 0, which runs during step 1's update. Step 2
 (version 1) collects it, pushes version 1, runs B2 to the end (started a version ago, so due) and trains
 it: each row's first 3 tokens are version 0, the rest version 1. It submits B3's first round on version
-1; the checkpoint of step 2 does not count B3 as handed out (it was only peeked), holds no prompt and
-keeps no samples (the round's output is lost with the pool; B3's groups are not held), so the resumed
-step 3 starts B3 again from scratch on version 2 (all its tokens version 2), submits B4's
-first round on version 2, and step 4 trains B4 with tokens 0-2 of version 2 and the rest of version 3.
-The last step submits nothing.
+1. The checkpoint of step 2 settles that round: it waits for it, keeps B3's samples with the round's 3
+tokens of version 1, and counts B3 as handed out and held (its data position is after B3). The resumed
+step 3 (version 2) holds B3 again and is handed B4, which it starts itself: one blocking round runs
+B3 to the end (due) and gives B4 its first 3 tokens, both on version 2; it trains B3 (3 tokens of
+version 1 from the settled round, the rest version 2) and submits a round over B4 and B5's start on
+version 2. Step 4 collects it, runs B4 to the end on version 3 and trains it (6 tokens of version 2, the
+rest version 3), and leaves B5 in the pool. The last step submits nothing.
 
 A second run, at ``max_staleness`` 2 without a stop, starts two batches in step 1 and leaves prompts
 running across steps: every prompt started is trained once or still pending (by id), and every token
@@ -24,6 +26,8 @@ stays within 2 versions, its row's versions non-decreasing.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -53,15 +57,21 @@ from trainer.runtime import Runtime
 STEPS = 4
 ROUND = 3
 SPLIT = ["resource.pools={rollout_pool: {nodes: 1, slots_per_node: 1}}", "resource.placement={rollout: rollout_pool}"]
-OVERLAPPED = {2: 0, 4: 2}
-"""Per step, the version of the tokens its rows got from the round left running during the step before."""
+OLDER = {2: (0, ROUND), 3: (1, ROUND), 4: (2, 2 * ROUND)}
+"""Per step, the version of its rows' tokens older than ``step - 1`` and how many leading tokens of a row
+have it (module docstring): the overlapped rounds, and step 3's settled round."""
+COLLECTED = (2, 4)
+"""The steps that collect a round left running during the step before (step 3 follows the resume)."""
+PENDING_AFTER = [BATCH, BATCH, 2 * BATCH, BATCH]
+"""Prompts left in the pool after each step: B2, B3, B4 and B5, B5."""
 
 
 def expected_versions(step: int, mask: torch.Tensor) -> torch.Tensor:
     """``token_versions`` the schedule implies for step ``step``'s rows (module docstring)."""
     versions = torch.full(mask.shape, step - 1, dtype=torch.long)
-    if step in OVERLAPPED:
-        versions[:, :ROUND] = OVERLAPPED[step]
+    if step in OLDER:
+        version, tokens = OLDER[step]
+        versions[:, :tokens] = version
     return versions * mask
 
 
@@ -77,21 +87,28 @@ def run(ray_cluster, tmp_path_factory):
         pool = runtime.rollouts_ahead.partial
         in_flight = pool.pending
         assert in_flight is not None and in_flight.admitted is runtime.prompts.peek(0)
+        store = CheckpointStore(config.trainer.checkpoint_dir)
         stopped = {
             "admitted": [int(i) for i in in_flight.admitted["index"]],
             "version": in_flight.version,
             "groups": [group.index for group in pool.groups],
-            "saved": runtime.prompts.state_dict(),
-            "kept": torch.load(
-                CheckpointStore(config.trainer.checkpoint_dir).path_of(2) / PARTIAL_FILE, weights_only=True
-            ),
-            # The round in flight finishes on the pool; nothing collects it, and closing the runtime
-            # stops the pool with its output unread.
-            "round_rows": sum(len(future.get()) for _, future in in_flight.calls),
+            "live": [list(group.samples) for group in pool.groups],
+            "saved": store.load(store.path_of(2)).state["loader"],
+            "kept": torch.load(store.path_of(2) / PARTIAL_FILE, weights_only=True),
+            # The round the checkpoint waited for, as the pool returned it (the live pool never collects it).
+            "round": [(call.samples, out) for (call, _), out in zip(in_flight.calls, in_flight.outputs(), strict=True)],
         }
+
+    def resumed_step(runtime: Runtime, batch: Batch) -> Batch:
+        # The pool as the resume put it back, before the first resumed step continues its samples.
+        pool = runtime.rollouts_ahead.partial
+        stopped.setdefault("resumed", [(g.index, g.version, copy.deepcopy(g.samples)) for g in pool.groups])
+        return step(runtime, batch)
+
     with Runtime(config) as runtime:
-        fit(runtime, step)
-        after = {"pending": runtime.rollouts_ahead.partial.pending, "left": len(runtime.rollouts_ahead.partial)}
+        fit(runtime, resumed_step)
+        pool = runtime.rollouts_ahead.partial
+        after = {"pending": pool.pending, "left": [group.index for group in pool.groups]}
         facts = run_facts(runtime)
     return {
         **facts,
@@ -105,52 +122,77 @@ def run(ray_cluster, tmp_path_factory):
 
 
 def test_token_versions_follow_the_schedule_and_the_bound_is_reached(run):
-    overlapped = 0
+    older = 0
     for step, rollouts in enumerate(run["rollouts"], start=1):
         mask = rollouts["response_mask"]
         assert torch.equal(rollouts["token_versions"], expected_versions(step, mask)), step
-        if step in OVERLAPPED:
-            own = mask.bool() & (rollouts["token_versions"] == OVERLAPPED[step])
-            overlapped += int(own.sum())
-            assert int(own.sum()) == int(mask[:, :ROUND].sum())
+        if step in OLDER:
+            version, tokens = OLDER[step]
+            own = mask.bool() & (rollouts["token_versions"] == version)
+            older += int(own.sum())
+            assert int(own.sum()) == int(mask[:, :tokens].sum())
     # The pool generated during the updates: tokens of the rounds left running are trained.
-    assert overlapped > 0
+    assert older > 0
     log = run["log"]
     assert [record["step"] for record in log] == list(range(1, STEPS + 1))
-    assert [record["async/staleness_max"] for record in log] == [0.0, 1.0, 0.0, 1.0]
+    assert [record["async/staleness_max"] for record in log] == [0.0, 1.0, 1.0, 1.0]
     for step, (record, rollouts) in enumerate(zip(log, run["rollouts"], strict=True), start=1):
         mask = rollouts["response_mask"]
-        stale = float(mask[:, :ROUND].sum()) if step in OVERLAPPED else 0.0
+        stale = float(mask[:, : OLDER[step][1]].sum()) if step in OLDER else 0.0
         assert record["async/tokens_staleness_1"] == stale
         assert record["async/tokens_staleness_0"] == float(mask.sum()) - stale
-        if step in OVERLAPPED:
-            # Collected from the pool (the wait may be 0), every sample continued, the prompts due.
+        if step in COLLECTED:
+            # Collected from the pool (the wait may be 0), the pool's seconds for the round recorded.
             assert record["async/trainer_wait_s"] >= 0 and record["async/pool_generate_s"] > 0
-            assert record["partial/due_samples"] > 0
-            assert record["partial/resumed_samples"] >= record["partial/due_samples"]
         else:
             assert "async/trainer_wait_s" not in record
-        # After each step but the last, the next batch is started on the pool and nothing else is left.
-        assert record["partial/pending_prompts"] == (BATCH if step < STEPS else 0)
+        if step > 1:
+            # Every later step runs the batch started a version before to the end, continuing its samples.
+            assert record["partial/due_samples"] > 0
+            assert record["partial/resumed_samples"] >= record["partial/due_samples"]
+    assert [record["partial/pending_prompts"] for record in log] == PENDING_AFTER
 
 
-def test_every_prompt_trains_once_and_the_resume_restarts_the_round_in_flight(run):
-    order = _data_order(run, STEPS * BATCH)
-    batches = [order[i * BATCH : (i + 1) * BATCH] for i in range(STEPS)]
-    assert [_trained(r) for r in run["rollouts"]] == batches
+def test_every_prompt_trains_once_and_the_checkpoint_keeps_the_round_in_flight(run):
+    order = _data_order(run, (STEPS + 1) * BATCH)
+    batches = [order[i * BATCH : (i + 1) * BATCH] for i in range(STEPS + 1)]
+    assert [_trained(r) for r in run["rollouts"]] == batches[:STEPS]
     stopped = run["stopped"]
-    # In flight at the stop: step 3's batch, on version 1, the pool's only prompts, not counted by the
-    # checkpoint as handed out (its data position is before that batch) and not held.
+    # In flight at the stop: step 3's batch B3, on version 1, the pool's only prompts. The checkpoint
+    # counts B3 as handed out (position after it) and held, and keeps its samples with the round's tokens.
     assert stopped["admitted"] == batches[2] and stopped["groups"] == batches[2]
     assert stopped["version"] == 1
-    assert "owed_indices" not in stopped["saved"]
-    assert stopped["kept"] == {"groups": []}  # the pool's only groups are the round's, not held
-    assert stopped["round_rows"] == BATCH * N
-    assert run["after"] == {"pending": None, "left": 0}
-
-
+    assert stopped["saved"]["owed_indices"] == batches[2]
+    kept = stopped["kept"]["groups"]
+    assert [group["index"] for group in kept] == batches[2] and {group["version"] for group in kept} == {1}
+    place = {id(sample): (g, k) for g, samples in enumerate(stopped["live"]) for k, sample in enumerate(samples)}
+    rows = 0
+    for samples, out in stopped["round"]:
+        lengths = out["response_lengths"].tolist()
+        for row, sample in enumerate(samples):
+            # Each sample is saved with the round's tokens, its only ones (B3's first round).
+            g, k = place[id(sample)]
+            mine = kept[g]["samples"][k]
+            assert mine["token_ids"].tolist() == out["responses"][row, : lengths[row]].tolist()
+            assert torch.equal(mine["log_probs"], out["rollout_log_probs"][row, : lengths[row]].double())
+            assert mine["versions"].tolist() == [1] * lengths[row] and mine["rounds"] == 1
+            rows += 1
+    assert rows == BATCH * N
+    # The resumed pool is the saved one, sample by sample.
+    assert [(index, version) for index, version, _ in stopped["resumed"]] == [(g["index"], 1) for g in kept]
+    for (_, _, samples), group in zip(stopped["resumed"], kept, strict=True):
+        assert [s.token_ids for s in samples] == [s["token_ids"].tolist() for s in group["samples"]]
+        assert [s.finish_reason for s in samples] == [s["finish_reason"] for s in group["samples"]]
+    # Step 3 trains B3 with the settled tokens as each row's prefix, then B4 and B5 start once each.
+    step3 = run["rollouts"][2]
+    for index, _, samples in stopped["resumed"]:
+        rows_of = [r for r in range(len(step3)) if int(step3["index"][r]) == index]
+        for r, sample in zip(rows_of, samples, strict=True):
+            prefix = len(sample.token_ids)
+            assert step3["responses"][r, :prefix].tolist() == sample.token_ids
+    assert run["after"] == {"pending": None, "left": batches[4]}
 def test_each_token_was_sampled_by_the_weights_of_its_version(run):
-    # Rows of steps 2 and 4 continue on version step - 1 what the overlapped round sampled on step - 2.
+    # Rows of steps 2-4 continue on version step - 1 what a round sampled on step - 2.
     assert sampled_by_their_versions(run) > 0
     # The weights do tell the versions apart: the newest weights miss the overlapped round's tokens.
     model = load_causal_lm(run["model_dir"])
@@ -158,7 +200,7 @@ def test_each_token_was_sampled_by_the_weights_of_its_version(run):
     model.load_state_dict(run["weights"][STEPS - 1])
     with torch.no_grad():
         newest = response_log_probs(model, last, run["sampling"])
-    first = last["response_mask"].bool() & (last["token_versions"] == OVERLAPPED[STEPS])
+    first = last["response_mask"].bool() & (last["token_versions"] == OLDER[STEPS][0])
     assert float((newest - last["rollout_log_probs"]).abs()[first].max()) > 1e-3
 
 

@@ -35,7 +35,7 @@ from trainer.config import ConfigError
 from trainer.fit import StopAt, fit
 from trainer.rollout_queue import PARTIAL_FILE, PartialPool
 from trainer.runtime import Runtime
-from trainer.steps import sampling_params
+from trainer.steps import generate, sampling_params
 
 STEPS = 5
 BATCH = 8
@@ -78,9 +78,21 @@ def run(ray_cluster, tmp_path_factory):
     # The same run without the stop, in a folder of its own.
     uninterrupted: list[Batch] = []
     again = run_config(root, "hf", STEPS, [*PARTIAL, "trainer.save_every=0", f"trainer.output_dir={root / 'again'}"])
+    refused = []
     with Runtime(again) as runtime:
         fit(runtime, recording_step(uninterrupted, None))
+        pool = runtime.rollouts_ahead.partial
+        left = [pool_contents(pool)]
+        # A second generate in the last step (dynamic sampling would), then a step given 3 prompts.
+        for prompts in (runtime.next_prompts(), runtime.next_prompts()[:3]):
+            with pytest.raises(ValueError) as error:
+                generate(runtime, prompts)
+            refused.append(str(error.value))
+            runtime.begin_step()
+        left.append(pool_contents(pool))
     return {
+        "refused": refused,
+        "left_after_refusals": left,
         **facts,
         "config": config,
         "rollouts": rollouts,
@@ -276,6 +288,17 @@ def sampled_by_their_versions(run) -> int:
             assert float(gap.max()) < 1e-4, (version, float(gap.max()))
             continued += int((own & (versions > versions[:, :1])).sum())
     return continued
+
+
+def test_a_second_generate_in_a_step_and_a_batch_of_another_size_are_refused(run):
+    second, smaller = run["refused"]
+    assert second.startswith(f"async_rollout.partial_round_tokens=3: step {STEPS} called generate a second time")
+    assert "dynamic sampling" in second
+    assert smaller.startswith("async_rollout.partial_round_tokens=3: generate was given 3 prompts")
+    assert f"data.train_batch_size={BATCH}" in smaller
+    # Refused before anything started: the pool holds what the run left, unchanged.
+    before, after = run["left_after_refusals"]
+    assert before and after == before
 
 
 def test_partial_rollouts_refuse_staleness_0(tmp_path):

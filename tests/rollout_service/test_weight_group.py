@@ -19,7 +19,12 @@ from hybridflow.controller import (
     register,
     wait_together,
 )
-from hybridflow.resharding.transport import BroadcastReceiver, BroadcastSender, free_port, open_weight_group
+from hybridflow.resharding.transport import (
+    BroadcastReceiver,
+    BroadcastSender,
+    hosted_store,
+    open_weight_group,
+)
 
 BUCKET_BYTES = 1024
 
@@ -39,12 +44,13 @@ def weights(version: int) -> list[tuple[str, torch.Tensor]]:
 
 class Sender(Worker):
     @register(dispatch="one_to_all", execute="rank_zero")
-    def address(self) -> tuple[str, int]:
-        return self.master_addr, free_port()
+    def address(self, world_size: int) -> tuple[str, int]:
+        self.store = hosted_store(self.master_addr, world_size)
+        return self.master_addr, self.store.port
 
     @register(dispatch="one_to_all", blocking=False)
     def join(self, address: str, port: int, world_size: int) -> None:
-        group = open_weight_group(address, port, 0, world_size, self.device) if self.rank == 0 else None
+        group = open_weight_group(address, port, 0, world_size, self.device, hosted=self.store) if self.rank == 0 else None
         self.sender = BroadcastSender(group, BUCKET_BYTES, self.device)
 
     @register(dispatch="one_to_all", blocking=False)
@@ -73,7 +79,7 @@ def pools(ray_cluster):
     }
     groups = create_worker_groups({"sender": RoleSpec(Sender), "receiver": RoleSpec(Receiver)}, placement)
     sender, receiver = groups["sender"], groups["receiver"]
-    address, port = sender.address()[0]
+    address, port = sender.address(3)[0]
     wait_together([sender.join(address, port, 3), receiver.join(address, port, 3)])
     yield sender, receiver
     for group in groups.values():
@@ -114,7 +120,7 @@ def test_nccl_weight_group_between_gpu_pools(ray_cluster):
     groups = create_worker_groups({"sender": RoleSpec(Sender), "receiver": RoleSpec(Receiver)}, placement)
     try:
         sender, receiver = groups["sender"], groups["receiver"]
-        address, port = sender.address()[0]
+        address, port = sender.address(2)[0]
         wait_together([sender.join(address, port, 2), receiver.join(address, port, 2)])
         _, received = wait_together([sender.push(5), receiver.pull()])
         version, got = received[0]
