@@ -28,7 +28,10 @@ from hybridflow.rollout.sampling import SamplingParams
 
 T = TypeVar("T")
 
-__all__ = ["RolloutWorker"]
+__all__ = ["POOL_IDLE_METRIC", "RolloutWorker"]
+
+POOL_IDLE_METRIC = "rollout/idle_s"
+"""The key of a generation's ``rollout_metrics`` with the pool's seconds without work before it."""
 
 
 def _drained(head: list[T], rest: Iterator[T]) -> Iterator[T]:
@@ -50,6 +53,10 @@ class RolloutWorker(Worker):
 
     Attributes:
         policy_version: the version of the weights the engine serves (0: those of ``model_path``).
+
+    The worker also counts the seconds its engine had no work (between the end of one call that
+    generates or takes weights and the start of the next) and reports them with each generation as
+    ``rollout/idle_s``.
     """
 
     def __init__(self, rollout: RolloutConfig, model_path: str, engine: EngineDerived) -> None:
@@ -58,6 +65,8 @@ class RolloutWorker(Worker):
         self.model_path = model_path
         self.engine_derived = engine
         self.policy_version = 0
+        self._idle_s = 0.0
+        self._free_since = time.perf_counter()
         self.meshes = build_meshes(self.world_size, rollout.tp_size, self.device_plan.device_type)
         self.register_device_mesh("infer", self.meshes.infer, dp_dim="dp")
 
@@ -68,7 +77,17 @@ class RolloutWorker(Worker):
         self.engine = build_rollout_engine(
             self.rollout_config, self.model_path, self.engine_derived, device=self.device
         )
-        return {"init/rollout_engine_s": time.perf_counter() - start}
+        self._free_since = time.perf_counter()  # idle from the moment the engine is ready
+        return {"init/rollout_engine_s": self._free_since - start}
+
+    def _start_work(self) -> float:
+        """Count the seconds since the engine's last work ended as idle; returns now."""
+        now = time.perf_counter()
+        self._idle_s += now - self._free_since
+        return now
+
+    def _end_work(self) -> None:
+        self._free_since = time.perf_counter()
 
     @register(dispatch="one_to_all", blocking=False)
     def join_weight_group(self, address: str, port: int, world_size: int) -> None:
@@ -82,7 +101,7 @@ class RolloutWorker(Worker):
 
         Returns ``rollout/policy_version`` and, when weights came, ``rollout/receive_s``.
         """
-        start = time.perf_counter()
+        start = self._start_work()
         weights = self.receiver.receive()
         head = list(itertools.islice(weights, 1))
         received = bool(head)
@@ -95,6 +114,7 @@ class RolloutWorker(Worker):
         metrics = {"rollout/policy_version": float(self.policy_version)}
         if received:
             metrics["rollout/receive_s"] = time.perf_counter() - start
+        self._end_work()
         return metrics
 
     @register(dispatch="one_to_all")
@@ -116,16 +136,20 @@ class RolloutWorker(Worker):
         """Sample ``sampling.n`` responses per prompt with the weights of ``policy_version``.
 
         Output: as `RolloutEngine.generate`, plus ``policy_version [rows]`` (int64) and
-        ``meta["rollout_metrics"]`` (``timing_s/generate``, the slowest rank's).
+        ``meta["rollout_metrics"]``: ``timing_s/generate`` (the slowest rank's) and ``rollout/idle_s``
+        (the seconds without work since the previous generation, pushes counting as work; the most
+        idle rank's).
         """
-        start = time.perf_counter()
+        start = self._start_work()
+        idle, self._idle_s = self._idle_s, 0.0
         rollouts = self._sample(self.engine, prompts, sampling)
         rows = len(rollouts)
         version = torch.full((rows,), self.policy_version, dtype=torch.int64)
-        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
+        seconds = torch.tensor([time.perf_counter() - start, idle], dtype=torch.float64, device=self.device)
         if self.world_size > 1:
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         out = rollouts | Batch({"policy_version": version})
-        out.meta.update(rollout_metrics={"timing_s/generate": float(seconds)})
+        out.meta.update(rollout_metrics={"timing_s/generate": float(seconds[0]), POOL_IDLE_METRIC: float(seconds[1])})
+        self._end_work()
         return out
 

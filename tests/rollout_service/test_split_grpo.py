@@ -11,6 +11,8 @@ samples of step 2 on, and the weights with them.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -90,3 +92,7 @@ def test_split_run_reports_each_push(runs):
         assert "timing_s/weight_push" in record
         # Staleness 0: every token trained on the version the trainer is at, nothing left in flight.
         assert record["async/staleness_max"] == 0 and record["async/in_flight"] == 0
+    for before, record in itertools.pairwise(split_log):
+        # Synchronous, the pool has no work while the actor updates: its idle seconds before the next
+        # generation cover the update (timed by the controller, within the pool's idle window).
+        assert record["async/pool_idle_s"] >= before["timing_s/update"] > 0, record["step"]
