@@ -19,7 +19,8 @@ Reported over the steps after the first (warm-up): generated response tokens per
 system (all tokens generated over the summed step wall time), the median step time, and the phase
 split that explains them: the engine's generation seconds (``timing_s/generate``), the trainer's wait
 for its batch (``async/trainer_wait_s``, or the whole generation phase when synchronous), the actor's
-update, log-prob and weight-push seconds. The ratios are one-step-off over each synchronous side. The
+update, log-prob and weight-push seconds, and the rollout pool's seconds without work
+(``async/pool_idle_s``; 0 for the colocated side). The ratios are one-step-off over each synchronous side. The
 host's load (``os.getloadavg``) is printed before and after.
 
     RAY_AUTH_MODE=disabled python benchmarks/bench_async_rollout.py [--steps 6] [--prompts 20] [--n 4]
@@ -189,6 +190,7 @@ def _run(root: Path, args: argparse.Namespace, side: str) -> dict[str, float]:
         "update_s": total("timing_s/update"),
         "log_prob_s": total("timing_s/log_prob"),
         "push_s": total("timing_s/weight_push"),
+        "pool_idle_s": total("async/pool_idle_s"),
         "staleness": total("async/staleness_mean"),
     }
 
@@ -227,12 +229,15 @@ def main() -> None:
         f"10% of prompts with {args.long_tokens} new tokens, the rest {args.long_tokens // args.tail_ratio}; "
         f"{args.slots} slots; steps 2..{args.steps}"
     )
-    header = ("side", "tokens/s", "step s", "generate s", "wait s", "update s", "log-prob s", "push s", "staleness")
+    header = (
+        "side", "tokens/s", "step s", "generate s", "wait s", "update s", "log-prob s", "push s", "pool idle s",
+        "staleness",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
+    keys = ("tokens_per_s", "step_s", "generate_s", "wait_s", "update_s", "log_prob_s", "push_s", "pool_idle_s")
     for side, row in results.items():
-        values = [row[k] for k in ("tokens_per_s", "step_s", "generate_s", "wait_s", "update_s", "log_prob_s", "push_s", "staleness")]
-        print(f"| {side} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+        print(f"| {side} | " + " | ".join(f"{row[k]:.2f}" for k in (*keys, "staleness")) + " |")
     off = results["one-step-off"]["tokens_per_s"]
     for side in ("sync colocated", "sync split"):
         print(f"one-step-off / {side}: {off / results[side]['tokens_per_s']:.2f}x generated tokens per second")

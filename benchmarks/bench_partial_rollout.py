@@ -30,7 +30,9 @@ samples only, so its updates are smaller). Per window: generated response tokens
 whole system (every token generated, paused ones included, over the summed step wall time), the median
 step time, and the phase split: the engines' generation seconds (``timing_s/generate``, summed over a
 step's blocking calls; the pool's round during the update is not in it, but is the ``pool round``
-column, ``async/pool_generate_s``, next to the trainer's wait for it, ``async/trainer_wait_s``), the generation phase with its layout switches (``timing_s/generation``), the update,
+column, ``async/pool_generate_s``; ``pool idle`` is the pool's seconds without work, ``async/pool_idle_s``,
+and ``wait`` the trainer's wait for the round, ``async/trainer_wait_s``), the generation phase with its
+layout switches (``timing_s/generation``), the update,
 the response tokens trained per step, the rounds per step and the mean staleness. The ratios are
 each partial side over sync. The host's load (``os.getloadavg``) is printed before and after.
 
@@ -154,6 +156,7 @@ def _summary(log: list[dict[str, float]], args: argparse.Namespace) -> dict[str,
         "rounds": mean("partial/rounds"),
         "staleness": mean("async/staleness_mean"),
         "pool_s": mean("async/pool_generate_s"),
+        "pool_idle_s": mean("async/pool_idle_s"),
         "wait_s": mean("async/trainer_wait_s"),
     }
 
@@ -215,11 +218,11 @@ def main() -> None:
     )
     keys = (
         "tokens_per_s", "step_s", "generate_s", "generation_s", "update_s", "trained_tokens", "rounds", "staleness",
-        "pool_s", "wait_s",
+        "pool_s", "pool_idle_s", "wait_s",
     )
     header = (
         "steps", "side", "tokens/s", "step s", "generate s", "generation s", "update s", "trained tokens", "rounds",
-        "staleness", "pool round s", "wait s",
+        "staleness", "pool round s", "pool idle s", "wait s",
     )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
