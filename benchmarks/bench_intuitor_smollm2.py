@@ -15,7 +15,9 @@ order and the same sampling seeds. From each run's ``metrics.jsonl`` it prints h
 before training and every ``--val-every`` steps, the held-out greedy response length, the training
 samples' mean length and truncated share and self-certainty over the first and last 5 steps, the prompts,
 generated tokens and seconds of training (8 prompts x 7 samples a step); then the mean over seeds of each side.
-Each run also keeps the samples it trained on (``trainer.rollout_dump``: ``<run>/rollouts/step_<k>.jsonl``).
+Each run also keeps the samples it trained on (``trainer.rollout_dump``: ``<run>/rollouts/step_<k>.jsonl``);
+from them it prints, over the first and the last 5 steps, the share of samples that state no answer (no
+number but the question's operands), the share right, and the mean self-certainty with and without one.
 
 Run:  python benchmarks/bench_intuitor_smollm2.py [--arms intuitor grpo] [--seeds 0 1 2] [--steps 20]
       [--lr 2e-5]   (a complete run is reused; --fresh runs it again; --report runs nothing)
@@ -25,6 +27,7 @@ Results: docs/benchmarks.md ("INTUITOR on SmolLM2-135M-Instruct") and recipes/in
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -33,6 +36,8 @@ from _recipe_runs import REPO, completed_run, seeded_schedule
 
 sys.path.insert(0, str(REPO))
 
+from hybridflow.data.files import read_rows
+from hybridflow.metrics.rollout_dump import read_rollout_dump
 from recipes.smollm2.main import CACHE, prepare
 
 OUT = Path("outputs/bench_intuitor_smollm2")
@@ -84,6 +89,31 @@ def summary(rows: list[dict]) -> dict[str, object]:
         "certainty": [statistics.mean(r["intuitor/self_certainty_mean"] for r in part) for part in (first, last)],
         "tokens": sum(r["response/generated_tokens"] for r in steps),
         "train_s": max(r["time/training_s"] for r in steps),
+    }
+
+
+def answer_kinds(folder: Path, steps: range) -> dict[str, float]:
+    """From a run's kept samples (``rollouts/step_<k>.jsonl``) over ``steps``: the share that states no
+    answer (no number but the question's operands), the share right (the last number is the sum), and
+    the mean self-certainty (the dump's ``score``, nats) of samples without and with an answer."""
+    questions = read_rows(CACHE / "data" / "train.parquet")
+    dump = read_rollout_dump(folder / "rollouts")
+    answered: list[bool] = []
+    right: list[bool] = []
+    certainty: dict[bool, list[float]] = {False: [], True: []}
+    for row in (row for step in steps for row in dump[step]):
+        question = questions[row["index"]]
+        operands = set(re.findall(r"\d+", question["prompt"][0]["content"]))
+        numbers = re.findall(r"-?\d+", row["response_text"].replace(",", ""))
+        states = any(number.lstrip("-") not in operands for number in numbers)
+        answered.append(states)
+        right.append(bool(numbers) and numbers[-1] == question["reward_model"]["ground_truth"])
+        certainty[states].append(row["score"])
+    return {
+        "no_answer": 1 - statistics.mean(answered),
+        "right": statistics.mean(right),
+        "certainty_no_answer": statistics.mean(certainty[False]) if certainty[False] else float("nan"),
+        "certainty_answered": statistics.mean(certainty[True]) if certainty[True] else float("nan"),
     }
 
 
@@ -139,6 +169,17 @@ def main() -> None:
             spread = statistics.pstdev(r["accuracy"][val_steps[-1]] - r["accuracy"][val_steps[0]] for r in runs)
             accuracy = " -> ".join(f"{m:.1%}" for m in means)
             print(f"{arm}: {len(runs)} seeds, held-out mean {accuracy} (std of the change over seeds {spread:.1%})")
+    print()
+    for arm, seed in results:
+        folder = REPO / OUT / f"{arm}_lr{args.lr:g}_seed{seed}_steps{args.steps}"
+        if (folder / "rollouts").is_dir():  # runs made before the samples were kept have none
+            for steps in (range(1, 6), range(args.steps - 4, args.steps + 1)):
+                kinds = answer_kinds(folder, steps)
+                print(
+                    f"{arm} seed {seed}, steps {steps.start}-{steps.stop - 1}: no answer {kinds['no_answer']:.1%}, "
+                    f"right {kinds['right']:.1%}, self-certainty without an answer "
+                    f"{kinds['certainty_no_answer']:.2f} against {kinds['certainty_answered']:.2f} with one"
+                )
 
 
 if __name__ == "__main__":
