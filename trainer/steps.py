@@ -47,7 +47,6 @@ from trainer.rollout_queue import InFlight, PartialPool, PendingRound, staleness
 from trainer.runtime import Runtime
 from trainer.weight_sync import push_weights
 from workers.objective import ActorLoss
-from workers.rollout import POOL_IDLE_METRIC
 
 __all__ = [
     "GENERATED_METRIC",
@@ -136,6 +135,8 @@ GENERATED_METRIC = "response/generated_tokens"
 """Response tokens the engine produced in this step, over every `generate` call (rows a step drops too)."""
 POOL_IDLE_S = "async/pool_idle_s"
 """Seconds a rollout pool of its own had no work before the step's generation calls (summed over them)."""
+_POOL_IDLE_REPORT = "rollout/idle_s"
+"""The key of a pool generation's ``rollout_metrics`` with those seconds before it (`RolloutWorker`)."""
 
 
 def _add(runtime: Runtime, metric: str, amount: float) -> None:
@@ -282,7 +283,7 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         for key in [k for k in metrics if k.startswith("timing_s/generate")]:
             seconds[key] = seconds.get(key, 0.0) + metrics.pop(key)
         if split:
-            _add(runtime, POOL_IDLE_S, metrics.pop(POOL_IDLE_METRIC))
+            _add(runtime, POOL_IDLE_S, metrics.pop(_POOL_IDLE_REPORT))
         runtime.record(metrics)
         return out
 
@@ -393,7 +394,7 @@ def _collect_round(runtime: Runtime, pool: PartialPool) -> tuple[int, int]:
     for (call, _), out in zip(pending.calls, outputs, strict=True):
         require_columns(out, _POOL_WRITES, "rollout.generate_sequences", produced=True)
         busy += out.meta["rollout_metrics"]["timing_s/generate"]
-        _add(runtime, POOL_IDLE_S, out.meta["rollout_metrics"][POOL_IDLE_METRIC])
+        _add(runtime, POOL_IDLE_S, out.meta["rollout_metrics"][_POOL_IDLE_REPORT])
         generated += take_output(call.samples, out, pending.version, pending.cap)
     runtime.record({"async/trainer_wait_s": time.perf_counter() - started, "async/pool_generate_s": busy})
     return sum(call.resumed for call, _ in pending.calls), generated
@@ -436,7 +437,7 @@ def generate_on_pool(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
         _fill(runtime)
     if version is None:
         version = runtime.actor.policy_version()[0]
-    _add(runtime, POOL_IDLE_S, rollouts.meta["rollout_metrics"].pop(POOL_IDLE_METRIC))
+    _add(runtime, POOL_IDLE_S, rollouts.meta["rollout_metrics"].pop(_POOL_IDLE_REPORT))
     runtime.record(
         {
             **staleness_metrics(rollouts, version, ahead, runtime.step_metrics),

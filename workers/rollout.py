@@ -28,10 +28,7 @@ from hybridflow.rollout.sampling import SamplingParams
 
 T = TypeVar("T")
 
-__all__ = ["POOL_IDLE_METRIC", "RolloutWorker"]
-
-POOL_IDLE_METRIC = "rollout/idle_s"
-"""The key of a generation's ``rollout_metrics`` with the pool's seconds without work before it."""
+__all__ = ["RolloutWorker"]
 
 
 def _drained(head: list[T], rest: Iterator[T]) -> Iterator[T]:
@@ -149,7 +146,7 @@ class RolloutWorker(Worker):
         if self.world_size > 1:
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         out = rollouts | Batch({"policy_version": version})
-        out.meta.update(rollout_metrics={"timing_s/generate": float(seconds[0]), POOL_IDLE_METRIC: float(seconds[1])})
+        out.meta.update(rollout_metrics={"timing_s/generate": float(seconds[0]), "rollout/idle_s": float(seconds[1])})
         self._end_work()
         return out
 
