@@ -231,7 +231,8 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     samples still running and the stream's next batch, without waiting for it. ``prompts`` must then be
     that batch (the one `Runtime.next_prompts` hands out next). The first step of a run starts
     ``min(2, max_staleness)`` batches, so that prompts started at one version never outnumber the steps
-    that may still train them.
+    that may still train them. A second call in one step, or ``prompts`` of another size than
+    ``data.train_batch_size``, is refused with a ``ValueError`` (`_refuse_extra_generation`).
 
     Records ``partial/rounds`` (the collected round included), ``partial/resumed_samples``
     (continuations of a paused sample, over those rounds), ``partial/due_samples`` (samples run to the
