@@ -396,7 +396,7 @@ def _measure(overrides: list[str], steps: int) -> tuple[Any, dict[str, list[dict
     process names (the colocated one, or ``actor_rollout`` and ``rollout`` for a split placement)."""
     from hybridflow.data import write_rows
     from hybridflow.parallel.launch import run_ranks
-    from hybridflow.resharding.transport import hosted_store
+    from hybridflow.parallel.rendezvous import hosted_store
     from trainer.config import load_config
     from trainer.model_setup import prepare_model_dir
     from trainer.plan import plan_memory

@@ -248,7 +248,7 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     pool = runtime.rollouts_ahead.partial
     split = runtime.rollout is not runtime.actor
     wanted = runtime.config.data.train_batch_size
-    _refuse_extra_generation(runtime, pool, len(prompts))
+    _refuse_extra_generation(runtime, pool, len(prompts), wanted)
     pool.generated_in_step = runtime.step
     pad = runtime.tokenizer.pad_token_id
     admitted = pool.pending.admitted if pool.pending is not None else None
@@ -332,11 +332,12 @@ def generate_partial(runtime: Runtime, prompts: Batch, sampling: SamplingParams 
     return rows | add_group_ids(rows, sampling.n) | decode_responses(rows, runtime.tokenizer)
 
 
-def _refuse_extra_generation(runtime: Runtime, pool: PartialPool, prompts: int) -> None:
+def _refuse_extra_generation(runtime: Runtime, pool: PartialPool, prompts: int, wanted: int) -> None:
     """The bound of partial rollouts rests on one batch started and one trained per step: a step that
     generates twice (dynamic sampling, a second phase) or starts more or fewer prompts (over-sampling)
     would leave more prompts due in a later step than it trains, and a token past
-    ``async_rollout.max_staleness``. Refused here, before anything starts, with a ``ValueError``."""
+    ``async_rollout.max_staleness``. Refused here, before anything starts, with a ``ValueError``
+    (``wanted``: ``data.train_batch_size``)."""
     key = f"async_rollout.partial_round_tokens={runtime.config.async_rollout.partial_round_tokens}"
     if pool.generated_in_step == runtime.step:
         raise ValueError(
@@ -344,7 +345,6 @@ def _refuse_extra_generation(runtime: Runtime, pool: PartialPool, prompts: int) 
             "train one batch a step, which is what keeps async_rollout.max_staleness (a step that generates "
             "more than once, such as dynamic sampling, runs without partial rollouts)"
         )
-    wanted = runtime.config.data.train_batch_size
     if prompts != wanted:
         raise ValueError(
             f"{key}: generate was given {prompts} prompts; partial rollouts start data.train_batch_size="

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.controller import register
+from hybridflow.parallel.rendezvous import hosted_store
 from hybridflow.resharding.manager import ReshardingManager
-from hybridflow.resharding.transport import BroadcastSender, hosted_store, open_weight_group
+from hybridflow.resharding.transport import BroadcastSender, open_weight_group
 
 __all__ = ["WeightPushing"]
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.controller.worker import MeshInfo, Worker, WorkerContext, install_context
+from hybridflow.parallel.rendezvous import hosted_store
 from hybridflow.parallel.threads import set_this_thread_torch_threads
 
 __all__ = ["WorkerHost"]
@@ -40,13 +41,11 @@ class WorkerHost:
         self.roles: dict[str, Worker] = {}
 
     def rendezvous_address(self, timeout_s: float) -> tuple[str, int]:
-        """Rank 0 only: start the group's store on this node, on a port the OS assigns as it binds (so
-        no other process can take the port between a pick and the bind), and return this node's IP and
-        that port, the rendezvous point of the group's `init_distributed`."""
+        """Rank 0 only: host the group's store on this node (`hosted_store`: bound before its port is
+        handed out) and return this node's IP and that port, the rendezvous point of the group's
+        `init_distributed`."""
         address = socket.gethostbyname(socket.gethostname())
-        self.store = dist.TCPStore(
-            address, 0, self.world_size, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
-        )
+        self.store = hosted_store(address, self.world_size, timeout_s)
         return address, self.store.port
 
     def init_distributed(self, master_addr: str, master_port: int, timeout_s: float) -> int:

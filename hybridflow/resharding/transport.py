@@ -40,21 +40,11 @@ __all__ = [
     "BroadcastReceiver",
     "BroadcastSender",
     "TransportReport",
-    "hosted_store",
     "open_weight_group",
 ]
 
 _ALIGN = 64
 _BUCKET, _END = 1, 0
-
-
-def hosted_store(address: str, world_size: int, timeout_s: float = 1800.0) -> dist.TCPStore:
-    """The weight group's store, hosted by its rank 0 (the sender): it listens on ``address`` at a port the
-    OS assigns as it binds (``.port``, for the other members). Nothing picks a free port first and binds
-    it later, so no other process can take the port in between."""
-    return dist.TCPStore(
-        address, 0, world_size, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
-    )
 
 
 def open_weight_group(
@@ -68,7 +58,7 @@ def open_weight_group(
 ) -> dist.ProcessGroup:
     """Join the weight group: ``world_size`` processes, rank 0 the sender.
 
-    The group meets at one store: ``hosted``, when this process hosts it (`hosted_store`; the trainer's
+    The group meets at one store: ``hosted``, when this process hosts it (`hybridflow.parallel.rendezvous.hosted_store`; the trainer's
     rank 0 does), else the one listening at ``address:port``. A collective over the group's members only
     (each pool's default process group is untouched). ``device`` picks the backend: gloo for CPU, NCCL
     for CUDA (every member must agree).

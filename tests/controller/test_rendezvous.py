@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.controller.host import WorkerHost
-from hybridflow.resharding.transport import hosted_store
+from hybridflow.parallel.rendezvous import hosted_store
 
 
 def _bind(port: int) -> None:

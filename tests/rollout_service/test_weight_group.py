@@ -19,10 +19,10 @@ from hybridflow.controller import (
     register,
     wait_together,
 )
+from hybridflow.parallel.rendezvous import hosted_store
 from hybridflow.resharding.transport import (
     BroadcastReceiver,
     BroadcastSender,
-    hosted_store,
     open_weight_group,
 )
 
