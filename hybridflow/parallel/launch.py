@@ -3,15 +3,17 @@
 For single-machine SPMD jobs without Ray (tests, benchmarks): each rank is a spawned process that
 joins a group over 127.0.0.1 before calling the function, with the backend of its `DevicePlan` (gloo
 for CPU ranks, nccl for GPU ranks, each of which then sees only its own GPU, as device 0). The group
-is never destroyed in the ranks, because a vLLM engine built inside it must live until its process ends.
+meets at a store the calling process hosts (`hybridflow.parallel.rendezvous.hosted_store`), bound
+before any rank starts, so no other process can take its port. The group is never destroyed in the
+ranks, because a vLLM engine built inside it must live until its process ends.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 __all__ = ["run_ranks"]
@@ -21,13 +23,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridflow.parallel.device import local_device_plan
+from hybridflow.parallel.rendezvous import hosted_store
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
+ADDRESS = "127.0.0.1"
 
 def _visible_gpus(world_size: int) -> list[str]:
     """The GPU id each rank is given, from this process's visible GPUs."""
@@ -49,8 +47,10 @@ def _rank_main(
     fn: Callable[..., Any],
     args: tuple,
     queue: Any,
+    timeout_s: float,
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    # The environment names the group for code in ``fn`` that reads it, as under torchrun.
+    os.environ.update(MASTER_ADDR=ADDRESS, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
     if gpu is not None:
         # Before CUDA initialises in this process: the rank's GPU becomes its device 0, as under Ray.
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
@@ -58,13 +58,10 @@ def _rank_main(
         plan = local_device_plan(gpu is not None)
         if plan.device.type == "cuda":
             torch.cuda.set_device(plan.device)
-        try:
-            dist.init_process_group(plan.backend, rank=rank, world_size=world_size)
-        except dist.DistNetworkError as error:
-            if "EADDRINUSE" not in str(error):
-                raise
-            queue.put((rank, "port_taken", traceback.format_exc()))
-            raise
+        store = dist.TCPStore(
+            ADDRESS, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+        dist.init_process_group(plan.backend, store=store, rank=rank, world_size=world_size)
         queue.put((rank, "ok", fn(rank, world_size, *args)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
@@ -85,39 +82,17 @@ def run_ranks(
     ranks; with ``use_gpu`` nccl, rank ``r`` owning this process's ``r``-th visible GPU (as its
     ``cuda:0``). A rank that raises fails the call with that rank's traceback; processes still running
     after ``timeout_s`` are killed. The group is not destroyed: a vLLM engine inside it must live until
-    the process ends.
-
-    The group's port is one the OS had free a moment before the ranks start; another process can take it
-    in between (tests running side by side do). Rank 0 then cannot listen on it, before ``fn`` has run,
-    and the ranks start again on another port, up to :data:`PORT_ATTEMPTS` times in all.
+    the process ends. The group's store lives in this process, on a port bound before the ranks start.
     """
     gpus: list[str | None] = list(_visible_gpus(world_size)) if use_gpu else [None] * world_size
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        try:
-            return _run_ranks_once(fn, world_size, args, gpus, timeout_s)
-        except _PortTakenError:
-            if attempt == PORT_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
-
-
-PORT_ATTEMPTS = 3
-"""How many ports `run_ranks` tries when the one it picked was taken before rank 0 could listen."""
-
-
-class _PortTakenError(RuntimeError):
-    """Rank 0 could not listen on the group's port (EADDRINUSE): nothing of ``fn`` ran."""
-
-
-def _run_ranks_once(
-    fn: Callable[..., Any], world_size: int, args: tuple, gpus: list[str | None], timeout_s: float
-) -> list[Any]:
+    store = hosted_store(ADDRESS, world_size + 1, timeout_s)  # the ranks, and this process as its host
     context = mp.get_context("spawn")
     queue = context.Queue()
-    port = _free_port()
     processes = [
         context.Process(
-            target=_rank_main, args=(rank, world_size, port, gpus[rank], fn, args, queue), daemon=True
+            target=_rank_main,
+            args=(rank, world_size, store.port, gpus[rank], fn, args, queue, timeout_s),
+            daemon=True,
         )
         for rank in range(world_size)
     ]
@@ -127,8 +102,6 @@ def _run_ranks_once(
     try:
         for _ in range(world_size):
             rank, status, value = queue.get(timeout=timeout_s)
-            if status == "port_taken":
-                raise _PortTakenError(f"port {port} was taken before rank {rank} could listen:\n{value}")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results[rank] = value
