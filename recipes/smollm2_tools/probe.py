@@ -1,5 +1,5 @@
-"""The task's signal before any training: SmolLM2-135M-Instruct on the 50 held-out products, with and
-without the calculator, greedy and sampled.
+"""The task's signal before any training: SmolLM2-135M-Instruct on the 50 held-out problems (products,
+or ``--task word_problems``), with and without the calculator, greedy and sampled.
 
 For each prompt set (the calculator's, and the baseline's: no tool, no demonstration, calls never run)
 it runs one greedy episode per problem and ``--samples`` episodes per problem at the training
@@ -8,7 +8,7 @@ on the HF engine in this process, and prints accuracy, tool-call rate, accuracy 
 called, and the share of groups holding both a right and a wrong answer (only those carry a GRPO
 advantage).
 
-Run:  python -m recipes.smollm2_tools.probe [--samples 8]
+Run:  python -m recipes.smollm2_tools.probe [--samples 8] [--task products|word_problems]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from hybridflow.models.gguf import SMOLLM2_PACKAGE, ensure_converted, find_packa
 from hybridflow.rollout import HFRolloutEngine, SamplingParams
 from recipes.smollm2_tools.evaluation import summarise
 from recipes.smollm2_tools.main import CACHE, MODEL_DIR, recipe_config
-from recipes.smollm2_tools.task import ensure_task_files
+from recipes.smollm2_tools.task import TASKS, ensure_task_files
 
 
 def chat_rows(rows: list[dict], samples: int) -> list[dict]:
@@ -74,10 +74,11 @@ def main(argv: Sequence[str]) -> None:
         prog="python -m recipes.smollm2_tools.probe", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--samples", type=int, default=8, help="sampled episodes per problem (default 8)")
+    parser.add_argument("--task", choices=TASKS, default="products", help="the problems (default products)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     ensure_converted(find_package_gguf(SMOLLM2_PACKAGE), MODEL_DIR)
-    files = ensure_task_files(CACHE / "data")
+    files = ensure_task_files(CACHE / "data", task=args.task)
     config = recipe_config(files, [])
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)

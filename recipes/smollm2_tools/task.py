@@ -1,4 +1,5 @@
-"""The recipe's data: 3-digit x 2-digit products asked in chat messages that offer a calculator.
+"""The recipe's data: 3-digit x 2-digit products asked in chat messages that offer a calculator, and a
+harder task, word problems whose answer takes a product and a sum or difference.
 
 Every row's prompt is the same four messages before the question (veRL row layout: prompt messages,
 ``reward_model.ground_truth``):
@@ -9,7 +10,10 @@ Every row's prompt is the same four messages before the question (veRL row layou
 2. one demonstration episode on a **different operation**, a sum of two 4-digit numbers: the user asks,
    the assistant calls, a ``tool`` message holds ``<result>VALUE</result>`` (what the library's
    ``tool_calls`` environment inserts), the assistant answers;
-3. the question, ``What is 123 * 45?``; the ground truth is the product, ``"5535"``.
+3. the question, ``What is 123 * 45?``; the ground truth is the product, ``"5535"``. In the harder task
+   (`word_problem_rows`) the question is a short story, ``A farm has 45 rows of 123 trees. 318 of the
+   trees are cut down. How many trees are left?``, whose answer is ``45 * 123 - 318``: the model has to
+   write the expression itself (or make two calls), from words, with only the sum demonstrated.
 
 Without the demonstration the model never wrote a call (0 of 60 greedy and sampled episodes); with it,
 about half of its greedy first turns call (README.md, "Before training"). The baseline prompt
@@ -18,6 +22,7 @@ about half of its greedy first turns call (README.md, "Before training"). The ba
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -30,9 +35,12 @@ __all__ = [
     "DATA_SOURCE",
     "DEMONSTRATION",
     "SYSTEM",
+    "TASKS",
+    "WORD_PROBLEMS",
     "ensure_task_files",
     "multiplication_rows",
     "question",
+    "word_problem_rows",
 ]
 
 DATA_SOURCE = "smollm2_tools"
@@ -51,12 +59,23 @@ DEMONSTRATION = (
 """One episode on a sum, as the ``tool_calls`` environment would run it; never a product."""
 
 
+WORD_PROBLEMS = (
+    ("A shop has {a} boxes of {b} pencils and {c} loose pencils. How many pencils does it have?", 1),
+    ("A farm has {a} rows of {b} trees. {c} of the trees are cut down. How many trees are left?", -1),
+    ("A school buys {a} packs of {b} sheets of paper and uses {c} sheets. How many sheets are left?", -1),
+    ("A library has {a} shelves of {b} books and gets {c} more books. How many books does it have now?", 1),
+)
+"""(story, sign): the story of ``a`` groups of ``b`` things and ``c`` more (sign 1) or fewer (sign -1)."""
+TASKS = ("products", "word_problems")
+"""The tasks `ensure_task_files` writes: `multiplication_rows`, `word_problem_rows`."""
+
+
 def question(a: int, b: int) -> str:
     """The user's question for ``a * b``."""
     return f"What is {a} * {b}?"
 
 
-def _row(a: int, b: int, split: str, index: int, tool: bool) -> dict[str, Any]:
+def _row(asked: str, answer: int, split: str, index: int, tool: bool) -> dict[str, Any]:
     context = (
         [{"role": "system", "content": SYSTEM}, *DEMONSTRATION]
         if tool
@@ -64,8 +83,8 @@ def _row(a: int, b: int, split: str, index: int, tool: bool) -> dict[str, Any]:
     )
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [*context, {"role": "user", "content": question(a, b)}],
-        "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+        "prompt": [*context, {"role": "user", "content": asked}],
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
         "extra_info": {"split": split, "index": index},
     }
 
@@ -82,14 +101,40 @@ def multiplication_rows(
         pairs = [
             map(int, re.fullmatch(r"(\d+)\*(\d+)=", row["prompt"][0]["content"]).groups()) for row in rows
         ]
-        splits[split] = [_row(a, b, split, index, tool) for index, (a, b) in enumerate(pairs)]
+        splits[split] = [_row(question(a, b), a * b, split, index, tool) for index, (a, b) in enumerate(pairs)]
     return splits
 
 
-def ensure_task_files(root: Path, num_train: int = 2000, num_test: int = 50) -> dict[str, Path]:
-    """Write both prompt sets under ``root`` unless they are there; returns the parquet files by name:
-    ``train``, ``test`` (calculator prompt) and ``baseline_train``, ``baseline_test`` (the same products,
-    the baseline prompt)."""
+def word_problem_rows(
+    num_train: int, num_test: int, seed: int = 0, tool: bool = True
+) -> dict[str, list[dict[str, Any]]]:
+    """``train`` and ``test`` rows of distinct word problems (`WORD_PROBLEMS`): ``a`` of 2 digits, ``b``
+    and ``c`` of 3, the answer ``a * b + sign * c`` (always positive); ``tool`` as in
+    `multiplication_rows`."""
+    rng = random.Random(seed)
+    drawn: set[tuple[int, int, int, int]] = set()
+    while len(drawn) < num_train + num_test:
+        drawn.add((rng.randrange(len(WORD_PROBLEMS)), rng.randint(11, 99), rng.randint(100, 999), rng.randint(100, 999)))
+    problems = rng.sample(sorted(drawn), len(drawn))
+    rows = []
+    for index, (story, a, b, c) in enumerate(problems):
+        text, sign = WORD_PROBLEMS[story]
+        split, position = ("test", index) if index < num_test else ("train", index - num_test)
+        rows.append(_row(text.format(a=a, b=b, c=c), a * b + sign * c, split, position, tool))
+    return {"test": rows[:num_test], "train": rows[num_test:]}
+
+
+def ensure_task_files(
+    root: Path, num_train: int = 2000, num_test: int = 50, task: str = "products"
+) -> dict[str, Path]:
+    """Write both prompt sets of ``task`` (one of `TASKS`) under ``root`` unless they are there; returns
+    the parquet files by name: ``train``, ``test`` (calculator prompt) and ``baseline_train``,
+    ``baseline_test`` (the same problems, the baseline prompt). The products are written at the top of
+    ``root``, the word problems under ``root / "word_problems"``."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; the tasks are {', '.join(TASKS)}")
+    make_rows = multiplication_rows if task == "products" else word_problem_rows
+    root = root if task == "products" else root / task
     paths = {
         "train": root / "tool" / "train.parquet",
         "test": root / "tool" / "test.parquet",
@@ -98,7 +143,7 @@ def ensure_task_files(root: Path, num_train: int = 2000, num_test: int = 50) -> 
     }
     if not all(path.exists() for path in paths.values()):
         for tool, prefix in ((True, ""), (False, "baseline_")):
-            splits = multiplication_rows(num_train, num_test, tool=tool)
+            splits = make_rows(num_train, num_test, tool=tool)
             for split in ("train", "test"):
                 write_rows(splits[split], paths[f"{prefix}{split}"])
     return paths

@@ -27,9 +27,11 @@ from recipes.smollm2_tools.probe import chat_rows
 from recipes.smollm2_tools.task import (
     BASELINE_SYSTEM,
     SYSTEM,
+    WORD_PROBLEMS,
     ensure_task_files,
     multiplication_rows,
     question,
+    word_problem_rows,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +59,29 @@ def test_rows_ask_products_after_one_call_on_a_sum():
             assert plain["prompt"][-1] == row["prompt"][-1] and plain["reward_model"] == row["reward_model"]
     asked = {split: {row["prompt"][-1]["content"] for row in rows[split]} for split in ("train", "test")}
     assert len(asked["train"]) == 40 and len(asked["test"]) == 10 and not asked["train"] & asked["test"]
+
+
+def test_word_problems_answer_a_product_plus_or_minus_a_number(tmp_path):
+    rows = word_problem_rows(200, 20, seed=0)
+    baseline = word_problem_rows(200, 20, seed=0, tool=False)
+    stories = [re.compile(re.escape(text.format(a="@", b="@", c="@")).replace("@", r"(\d+)")) for text, _ in WORD_PROBLEMS]
+    used = set()
+    for split in ("train", "test"):
+        for row, plain in zip(rows[split], baseline[split], strict=True):
+            asked = row["prompt"][-1]["content"]
+            ((story, match),) = [(i, m) for i, pattern in enumerate(stories) if (m := pattern.fullmatch(asked))]
+            a, b, c = map(int, match.groups())
+            assert 11 <= a <= 99 and 100 <= b <= 999 and 100 <= c <= 999
+            # By hand: "45 rows of 123 trees, 318 cut down" is 45 * 123 - 318 = 5217.
+            assert row["reward_model"]["ground_truth"] == str(a * b + WORD_PROBLEMS[story][1] * c)
+            assert row["prompt"][:-1] == multiplication_rows(1, 1)["test"][0]["prompt"][:-1]
+            assert plain["prompt"][-1] == row["prompt"][-1] and len(plain["prompt"]) == 2
+            used.add(story)
+    assert used == set(range(len(WORD_PROBLEMS)))
+    asked = {split: {row["prompt"][-1]["content"] for row in rows[split]} for split in ("train", "test")}
+    assert len(asked["train"]) == 200 and len(asked["test"]) == 20 and not asked["train"] & asked["test"]
+    with pytest.raises(ValueError, match=r"'sums'.*products, word_problems"):
+        ensure_task_files(tmp_path, task="sums")
 
 
 def test_summarise_counts_an_episode_with_more_than_one_turn_as_a_call():
