@@ -12,8 +12,9 @@ Every row's prompt is the same four messages before the question (veRL row layou
    ``tool_calls`` environment inserts), the assistant answers;
 3. the question, ``What is 123 * 45?``; the ground truth is the product, ``"5535"``. In the harder task
    (`word_problem_rows`) the question is a short story, ``A farm has 45 rows of 123 trees. 318 of the
-   trees are cut down. How many trees are left?``, whose answer is ``45 * 123 - 318``: the model has to
-   write the expression itself (or make two calls), from words, with only the sum demonstrated.
+   trees are cut down. How many trees are left?``, whose answer is ``45 * 123 - 318`` (a third of the
+   stories take the product alone): the model has to write the expression itself (or make two calls),
+   from words; the demonstration is a story too, whose answer is one sum (`STORY_DEMONSTRATION`).
 
 Without the demonstration the model never wrote a call (0 of 60 greedy and sampled episodes); with it,
 about half of its greedy first turns call (README.md, "Before training"). The baseline prompt
@@ -34,6 +35,7 @@ __all__ = [
     "BASELINE_SYSTEM",
     "DATA_SOURCE",
     "DEMONSTRATION",
+    "STORY_DEMONSTRATION",
     "SYSTEM",
     "TASKS",
     "WORD_PROBLEMS",
@@ -57,15 +59,27 @@ DEMONSTRATION = (
     {"role": "assistant", "content": "4821 + 3907 = 8728"},
 )
 """One episode on a sum, as the ``tool_calls`` environment would run it; never a product."""
+STORY_DEMONSTRATION = (
+    {"role": "user", "content": "A shop has 4821 red pens and 3907 blue pens. How many pens does it have?"},
+    {"role": "assistant", "content": "<calculator>4821+3907</calculator>"},
+    {"role": "tool", "content": "<result>8728</result>"},
+    {"role": "assistant", "content": "The shop has 8728 pens."},
+)
+"""The word problems' demonstration: a story whose answer is one sum. With `DEMONSTRATION` instead the model
+never called on a story (0 of 50 greedy and 1 of 200 sampled episodes, README.md)."""
 
 
 WORD_PROBLEMS = (
+    ("A shop has {a} boxes of {b} pencils. How many pencils does it have?", 0),
+    ("A farm has {a} rows of {b} trees. How many trees does it have?", 0),
     ("A shop has {a} boxes of {b} pencils and {c} loose pencils. How many pencils does it have?", 1),
     ("A farm has {a} rows of {b} trees. {c} of the trees are cut down. How many trees are left?", -1),
     ("A school buys {a} packs of {b} sheets of paper and uses {c} sheets. How many sheets are left?", -1),
     ("A library has {a} shelves of {b} books and gets {c} more books. How many books does it have now?", 1),
 )
-"""(story, sign): the story of ``a`` groups of ``b`` things and ``c`` more (sign 1) or fewer (sign -1)."""
+"""(story, sign): ``a`` groups of ``b`` things (sign 0), and ``c`` more (sign 1) or fewer (sign -1). A third
+of the stories take one product, the rest a product and a sum or difference: with only two-step stories
+SmolLM2 never got one right (0 of 50 greedy, 0 of 200 sampled episodes), so GRPO would have no signal."""
 TASKS = ("products", "word_problems")
 """The tasks `ensure_task_files` writes: `multiplication_rows`, `word_problem_rows`."""
 
@@ -75,9 +89,11 @@ def question(a: int, b: int) -> str:
     return f"What is {a} * {b}?"
 
 
-def _row(asked: str, answer: int, split: str, index: int, tool: bool) -> dict[str, Any]:
+def _row(
+    asked: str, answer: int, split: str, index: int, tool: bool, demonstration: tuple[dict, ...] = DEMONSTRATION
+) -> dict[str, Any]:
     context = (
-        [{"role": "system", "content": SYSTEM}, *DEMONSTRATION]
+        [{"role": "system", "content": SYSTEM}, *demonstration]
         if tool
         else [{"role": "system", "content": BASELINE_SYSTEM}]
     )
@@ -109,18 +125,22 @@ def word_problem_rows(
     num_train: int, num_test: int, seed: int = 0, tool: bool = True
 ) -> dict[str, list[dict[str, Any]]]:
     """``train`` and ``test`` rows of distinct word problems (`WORD_PROBLEMS`): ``a`` of 2 digits, ``b``
-    and ``c`` of 3, the answer ``a * b + sign * c`` (always positive); ``tool`` as in
-    `multiplication_rows`."""
+    and ``c`` of 3 (``c`` unused by one-product stories), the answer ``a * b + sign * c`` (always
+    positive); ``tool`` as in `multiplication_rows`."""
     rng = random.Random(seed)
     drawn: set[tuple[int, int, int, int]] = set()
     while len(drawn) < num_train + num_test:
-        drawn.add((rng.randrange(len(WORD_PROBLEMS)), rng.randint(11, 99), rng.randint(100, 999), rng.randint(100, 999)))
+        story, a, b, c = rng.randrange(len(WORD_PROBLEMS)), rng.randint(11, 99), rng.randint(100, 999), 0
+        if WORD_PROBLEMS[story][1]:
+            c = rng.randint(100, 999)
+        drawn.add((story, a, b, c))
     problems = rng.sample(sorted(drawn), len(drawn))
     rows = []
     for index, (story, a, b, c) in enumerate(problems):
         text, sign = WORD_PROBLEMS[story]
         split, position = ("test", index) if index < num_test else ("train", index - num_test)
-        rows.append(_row(text.format(a=a, b=b, c=c), a * b + sign * c, split, position, tool))
+        asked = text.format(a=a, b=b, c=c)
+        rows.append(_row(asked, a * b + sign * c, split, position, tool, STORY_DEMONSTRATION))
     return {"test": rows[:num_test], "train": rows[num_test:]}
 
 

@@ -26,6 +26,7 @@ from recipes.smollm2_tools.evaluation import summarise
 from recipes.smollm2_tools.probe import chat_rows
 from recipes.smollm2_tools.task import (
     BASELINE_SYSTEM,
+    STORY_DEMONSTRATION,
     SYSTEM,
     WORD_PROBLEMS,
     ensure_task_files,
@@ -70,11 +71,11 @@ def test_word_problems_answer_a_product_plus_or_minus_a_number(tmp_path):
         for row, plain in zip(rows[split], baseline[split], strict=True):
             asked = row["prompt"][-1]["content"]
             ((story, match),) = [(i, m) for i, pattern in enumerate(stories) if (m := pattern.fullmatch(asked))]
-            a, b, c = map(int, match.groups())
-            assert 11 <= a <= 99 and 100 <= b <= 999 and 100 <= c <= 999
+            a, b, c = (*map(int, match.groups()), 0)[:3]
+            assert 11 <= a <= 99 and 100 <= b <= 999 and (100 <= c <= 999 or WORD_PROBLEMS[story][1] == 0)
             # By hand: "45 rows of 123 trees, 318 cut down" is 45 * 123 - 318 = 5217.
             assert row["reward_model"]["ground_truth"] == str(a * b + WORD_PROBLEMS[story][1] * c)
-            assert row["prompt"][:-1] == multiplication_rows(1, 1)["test"][0]["prompt"][:-1]
+            assert row["prompt"][:-1] == [{"role": "system", "content": SYSTEM}, *STORY_DEMONSTRATION]
             assert plain["prompt"][-1] == row["prompt"][-1] and len(plain["prompt"]) == 2
             used.add(story)
     assert used == set(range(len(WORD_PROBLEMS)))
