@@ -44,12 +44,22 @@ CACHE = Path(".cache/recipes/smollm2_tools")
 MODEL_DIR = Path(".cache/recipes/smollm2/model")  # recipes/smollm2's conversion, shared
 
 
-def recipe_config(files: dict[str, Path], overrides: Sequence[str]) -> RunConfig:
-    """config.yaml with the converted model, the task's files and ``overrides`` (which win)."""
+TASK_KEYS = {
+    "products": [],
+    # The stories' prompts run to 187 ids (the products' to 161); an episode keeps 128 ids a turn.
+    "word_problems": ["data.max_prompt_length=192", "agent.max_total_tokens=320"],
+}
+"""The keys each task sets over config.yaml (written for the products)."""
+
+
+def recipe_config(files: dict[str, Path], overrides: Sequence[str], task: str = "products") -> RunConfig:
+    """config.yaml with the converted model, the task's files and keys (`TASK_KEYS`) and ``overrides``
+    (which win)."""
     keys = [
         f"model.path={MODEL_DIR}",
         f"data.train_files=[{files['train']}]",
         f"data.val_files=[{files['test']}]",
+        *TASK_KEYS[task],
     ]
     return load_config(HERE / "config.yaml", [*keys, *overrides])
 
@@ -89,7 +99,7 @@ def main(argv: Sequence[str]) -> dict[str, float]:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     start = time.monotonic()
     ensure_converted(find_package_gguf(SMOLLM2_PACKAGE), MODEL_DIR)
-    config = recipe_config(ensure_task_files(CACHE / "data", task=args.task), overrides)
+    config = recipe_config(ensure_task_files(CACHE / "data", task=args.task), overrides, args.task)
     run = open_run(config)
     with start_ray(config), Runtime(config, run=run) as runtime:
         fit(runtime, rl_step, stop=StopAt(seconds=args.minutes * 60), evaluate=held_out_evaluation(start))

@@ -79,7 +79,7 @@ def main(argv: Sequence[str]) -> None:
     torch.manual_seed(0)
     ensure_converted(find_package_gguf(SMOLLM2_PACKAGE), MODEL_DIR)
     files = ensure_task_files(CACHE / "data", task=args.task)
-    config = recipe_config(files, [])
+    config = recipe_config(files, [], args.task)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, seed=0)
