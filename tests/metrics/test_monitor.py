@@ -165,6 +165,21 @@ def test_length_growing_without_reward_names_the_cause_and_the_keys(caplog, case
         assert ("actor.loss_agg_mode=token-mean" in messages[0]) == per_sequence
 
 
+def test_length_growth_counts_the_policys_ids_not_the_inserted_tool_output():
+    # Episodes of an agent run: the policy writes 20 ids every step; from step 2 on it calls a tool whose
+    # inserted output (no loss, not sampled) adds 10, 20, 30, 40 ids. Only the inserted ids grow.
+    monitor = TrainingMonitor(MonitorConfig(length_growth_window=5))
+    steps = []
+    for step in range(1, 6):
+        batch = lengths_batch(20 + 10 * (step - 1), correct=1)
+        sampled = batch["response_mask"].clone()
+        sampled[:, 20:] = 0
+        steps.append((step, Batch({"response_mask": batch["response_mask"], "scores": batch["scores"], "sampled_mask": sampled}), {}))
+    outputs = observe_all(monitor, steps)
+    assert outputs[5]["monitor/diag/length_growth"] == pytest.approx(0.0)
+    assert alarm_steps(outputs, "length_growth") == []
+
+
 def format_batch(formatted: int, correct: int, rows: int = 10) -> Batch:
     texts = [FORMATTED if row < formatted else "5" for row in range(rows)]
     return Batch({"scores": (torch.arange(rows) < correct).float()}, {"response_text": texts})

@@ -251,7 +251,8 @@ class TrainingMonitor:
         if accuracy is not None:
             record["accuracy"] = accuracy
         if "response_mask" in rollouts and len(rollouts):
-            record["length"] = rollouts["response_mask"].sum(-1).double().mean().item()
+            # What the policy wrote: ids an environment inserted (tool output) are not its length.
+            record["length"] = sampled_response_mask(rollouts).sum(-1).double().mean().item()
         if self._format_fn is not None and "response_text" in rollouts and len(rollouts):
             record["format"] = self._format_rate(rollouts)
         if "responses" in rollouts and "response_mask" in rollouts:
