@@ -26,6 +26,8 @@ from hybridflow.parallel.device import local_device_plan
 from hybridflow.parallel.rendezvous import hosted_store
 
 ADDRESS = "127.0.0.1"
+"""Where the group's store listens and the ranks connect: this machine only."""
+
 
 def _visible_gpus(world_size: int) -> list[str]:
     """The GPU id each rank is given, from this process's visible GPUs."""

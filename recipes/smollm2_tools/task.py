@@ -66,7 +66,7 @@ STORY_DEMONSTRATION = (
     {"role": "assistant", "content": "The shop has 8728 pens."},
 )
 """The word problems' demonstration: a story whose answer is one sum. With `DEMONSTRATION` instead the model
-never called on a story (0 of 50 greedy and 1 of 200 sampled episodes, README.md)."""
+never called on a two-step story (0 of 50 greedy and 1 of 200 sampled episodes, README.md)."""
 
 
 WORD_PROBLEMS = (
