@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from hybridflow.agents import episodes_to_batch, make_environment, run_episodes
 from hybridflow.agents.codec import ChatCodec
@@ -84,12 +85,13 @@ def test_word_problems_answer_a_product_plus_or_minus_a_number(tmp_path):
     with pytest.raises(ValueError, match=r"'sums'.*products, word_problems"):
         ensure_task_files(tmp_path, task="sums")
     # The stories are longer than the products (187 ids at most with SmolLM2's template): the task's keys
-    # make room, and an episode still holds the prompt and one 128-id turn after another up to its cap.
-    files = ensure_task_files(tmp_path, num_train=8, num_test=8, task="word_problems")
-    config = recipe.recipe_config(files, [], "word_problems")
-    products = recipe.recipe_config(files, [])
-    assert config.data.max_prompt_length == 192 > products.data.max_prompt_length
-    assert config.agent.max_total_tokens - config.data.max_prompt_length == products.agent.max_total_tokens - products.data.max_prompt_length
+    # make room, and an episode keeps the products' room for turns past its prompt. (recipe_config itself
+    # needs the converted model; the episode test below builds it.)
+    config = yaml.safe_load((REPO / "recipes" / "smollm2_tools" / "config.yaml").read_text())
+    keys = dict(key.split("=") for key in recipe.TASK_KEYS["word_problems"])
+    prompt, cap = int(keys["data.max_prompt_length"]), int(keys["agent.max_total_tokens"])
+    assert prompt == 192 > config["data"]["max_prompt_length"] and recipe.TASK_KEYS["products"] == []
+    assert cap - prompt == config["agent"]["max_total_tokens"] - config["data"]["max_prompt_length"]
 
 
 def test_summarise_counts_an_episode_with_more_than_one_turn_as_a_call():
